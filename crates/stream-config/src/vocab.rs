@@ -1,0 +1,236 @@
+//! Vocabulary shared by crates that may not depend on each other: harness protocols, route modes, task
+//! statuses.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// The protocol a Harness speaks to its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LlmProtocol {
+    /// Anthropic Messages (`/v1/messages`), spoken by Claude Code.
+    Anthropic,
+    /// OpenAI Responses (`/v1/responses`), spoken by Codex.
+    Responses,
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    ChatCompletions,
+}
+
+impl LlmProtocol {
+    /// Every protocol, in the reference's order.
+    pub const ALL: [LlmProtocol; 3] = [Self::Anthropic, Self::Responses, Self::ChatCompletions];
+
+    /// The wire label of the protocol (`anthropic`, `responses`, `chat_completions`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::Responses => "responses",
+            Self::ChatCompletions => "chat_completions",
+        }
+    }
+
+    /// Infers the protocol from a harness key or `key@version` string (reference section 2.5 step 3):
+    /// the lower-cased key containing `claude` means Anthropic, else containing `codex` means Responses,
+    /// else Chat Completions.
+    pub fn infer_from_harness(harness: &str) -> Self {
+        let lower = harness.to_lowercase();
+        if lower.contains("claude") {
+            Self::Anthropic
+        } else if lower.contains("codex") {
+            Self::Responses
+        } else {
+            Self::ChatCompletions
+        }
+    }
+}
+
+impl fmt::Display for LlmProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LlmProtocol {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.trim() {
+            "anthropic" => Ok(Self::Anthropic),
+            "responses" => Ok(Self::Responses),
+            "chat_completions" => Ok(Self::ChatCompletions),
+            other => Err(Error::Invalid(format!(
+                "unsupported llm_protocol {other:?}: expected one of anthropic, responses, chat_completions"
+            ))),
+        }
+    }
+}
+
+/// How a Harness reaches the rollout proxy (reference section 5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteMode {
+    /// One temporary Arena gateway model per rollout, keyed by the per-session proxy key.
+    #[default]
+    Gateway,
+    /// One Arena gateway model per rollout worker, keyed by the generation-only gateway key; sessions are
+    /// told apart by `X-Session-Id` and `X-Session-Token` headers.
+    SessionGateway,
+    /// No registration: the Harness calls the proxy directly over a private network.
+    Direct,
+}
+
+impl RouteMode {
+    /// The config label of the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gateway => "gateway",
+            Self::SessionGateway => "session_gateway",
+            Self::Direct => "direct",
+        }
+    }
+}
+
+impl fmt::Display for RouteMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RouteMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.trim() {
+            "gateway" => Ok(Self::Gateway),
+            "session_gateway" => Ok(Self::SessionGateway),
+            "direct" => Ok(Self::Direct),
+            other => Err(Error::Invalid(format!(
+                "unsupported arena_llm_route_mode {other:?}: expected one of gateway, session_gateway, direct"
+            ))),
+        }
+    }
+}
+
+/// The status of an Arena task, as the result envelope reports it (trimmed and upper-cased).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    /// `DONE`: finished with a score.
+    Done,
+    /// `OK`: finished with a score (an alias of `DONE`).
+    Ok,
+    /// `CANCELLED`.
+    Cancelled,
+    /// `COLLECT_FAILED`.
+    CollectFailed,
+    /// `EVAL_FAILED`.
+    EvalFailed,
+    /// `FAILED`.
+    Failed,
+    /// `HARNESS_FAILED`.
+    HarnessFailed,
+    /// `NO_OUTPUT`.
+    NoOutput,
+    /// `SETUP_FAILED`.
+    SetupFailed,
+    /// `TIMEOUT`.
+    Timeout,
+    /// `LOCAL_WAIT_TIMEOUT`: our own deadline passed before Arena finished (audit only, never sent by Arena).
+    LocalWaitTimeout,
+    /// `LOCAL_WAIT_CANCELLED`: we stopped waiting (audit only, never sent by Arena).
+    LocalWaitCancelled,
+    /// Any other status (`PENDING`, `AGENT_RUNNING`, ...): not terminal, keep polling.
+    Other(String),
+}
+
+impl TaskStatus {
+    /// Parses a status the way the reference does: trimmed and upper-cased.
+    pub fn parse(s: &str) -> Self {
+        let upper = s.trim().to_uppercase();
+        match upper.as_str() {
+            "DONE" => Self::Done,
+            "OK" => Self::Ok,
+            "CANCELLED" => Self::Cancelled,
+            "COLLECT_FAILED" => Self::CollectFailed,
+            "EVAL_FAILED" => Self::EvalFailed,
+            "FAILED" => Self::Failed,
+            "HARNESS_FAILED" => Self::HarnessFailed,
+            "NO_OUTPUT" => Self::NoOutput,
+            "SETUP_FAILED" => Self::SetupFailed,
+            "TIMEOUT" => Self::Timeout,
+            "LOCAL_WAIT_TIMEOUT" => Self::LocalWaitTimeout,
+            "LOCAL_WAIT_CANCELLED" => Self::LocalWaitCancelled,
+            _ => Self::Other(upper),
+        }
+    }
+
+    /// The wire form of the status.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Done => "DONE",
+            Self::Ok => "OK",
+            Self::Cancelled => "CANCELLED",
+            Self::CollectFailed => "COLLECT_FAILED",
+            Self::EvalFailed => "EVAL_FAILED",
+            Self::Failed => "FAILED",
+            Self::HarnessFailed => "HARNESS_FAILED",
+            Self::NoOutput => "NO_OUTPUT",
+            Self::SetupFailed => "SETUP_FAILED",
+            Self::Timeout => "TIMEOUT",
+            Self::LocalWaitTimeout => "LOCAL_WAIT_TIMEOUT",
+            Self::LocalWaitCancelled => "LOCAL_WAIT_CANCELLED",
+            Self::Other(s) => s,
+        }
+    }
+
+    /// `DONE` or `OK`: the task finished and carries a score.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Self::Done | Self::Ok)
+    }
+
+    /// One of the reference's eight failure statuses (section 4.4); the local wait statuses are not Arena
+    /// failures and are not included.
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Cancelled
+                | Self::CollectFailed
+                | Self::EvalFailed
+                | Self::Failed
+                | Self::HarnessFailed
+                | Self::NoOutput
+                | Self::SetupFailed
+                | Self::Timeout
+        )
+    }
+
+    /// Success or failure: Arena will not change this status any more.
+    pub fn is_terminal(&self) -> bool {
+        self.is_success() || self.is_failure()
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for TaskStatus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for TaskStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        Ok(Self::parse(&s))
+    }
+}
+
+#[cfg(test)]
+mod tests;

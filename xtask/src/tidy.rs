@@ -1,0 +1,225 @@
+//! The layering test: which workspace crate may depend on which, and where heavy dependencies may live
+//! (`../shared/STYLE.md`, "Dependency direction").
+//!
+//! It reads `cargo metadata` and checks normal dependencies only: dev-dependencies may cross the layering
+//! where a test needs it, and `benches` is a leaf that may depend on anything.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The workspace crates each crate may depend on; a crate missing here may depend on none.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("stream-config", &[]),
+    ("arena-client", &["stream-config"]),
+    ("reward-routing", &["stream-config"]),
+    ("rollout-proxy", &[]),
+    ("trainer", &[]),
+    ("arena-sim", &["arena-client", "stream-config"]),
+    (
+        "arena-rl",
+        &[
+            "stream-config",
+            "arena-client",
+            "reward-routing",
+            "rollout-proxy",
+            "trainer",
+            "arena-sim",
+        ],
+    ),
+    ("xtask", &["stream-config"]),
+];
+
+/// Crates exempt from every rule here.
+const LEAVES: &[&str] = &["benches"];
+
+/// Direct dependencies that only some crates may declare: (name prefix, the crates that may).
+const HEAVY: &[(&str, &[&str])] = &[
+    ("burn", &["trainer"]),
+    ("cubecl", &["trainer"]),
+    ("axum", &["rollout-proxy", "arena-sim"]),
+    ("hyper", &["rollout-proxy", "arena-sim"]),
+    ("tower-http", &["rollout-proxy", "arena-sim"]),
+    ("actix", &["rollout-proxy", "arena-sim"]),
+    ("warp", &["rollout-proxy", "arena-sim"]),
+    ("poem", &["rollout-proxy", "arena-sim"]),
+];
+
+/// Async runtimes that must not be reachable, even transitively, from these crates.
+const NO_RUNTIME: &[&str] = &["stream-config", "reward-routing"];
+const RUNTIMES: &[&str] = &["tokio", "async-std", "smol", "async-executor"];
+
+struct Metadata {
+    /// Workspace crate name -> its direct normal dependencies (names).
+    direct: BTreeMap<String, BTreeSet<String>>,
+    /// Package id -> (name, ids of normal dependencies).
+    graph: BTreeMap<String, (String, Vec<String>)>,
+    /// Workspace crate name -> package id.
+    ids: BTreeMap<String, String>,
+}
+
+fn metadata() -> Metadata {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root");
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(root)
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mut direct = BTreeMap::new();
+    let mut ids = BTreeMap::new();
+    for pkg in meta["packages"].as_array().unwrap() {
+        let id = pkg["id"].as_str().unwrap();
+        if !members.contains(id) {
+            continue;
+        }
+        let name = pkg["name"].as_str().unwrap().to_string();
+        let deps = pkg["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].is_null())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        ids.insert(name.clone(), id.to_string());
+        direct.insert(name, deps);
+    }
+    let mut graph = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let id = node["id"].as_str().unwrap().to_string();
+        let name = meta["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == node["id"])
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .unwrap_or_default();
+        let deps = node["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d["dep_kinds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k["kind"].is_null())
+            })
+            .map(|d| d["pkg"].as_str().unwrap().to_string())
+            .collect();
+        graph.insert(id, (name, deps));
+    }
+    Metadata { direct, graph, ids }
+}
+
+fn check_layering(meta: &Metadata) -> Vec<String> {
+    let workspace: BTreeSet<&str> = meta.direct.keys().map(String::as_str).collect();
+    let mut problems = Vec::new();
+    for (krate, deps) in &meta.direct {
+        if LEAVES.contains(&krate.as_str()) {
+            continue;
+        }
+        let allowed = ALLOWED
+            .iter()
+            .find(|(k, _)| k == krate)
+            .map(|(_, a)| *a)
+            .unwrap_or(&[]);
+        for dep in deps {
+            if workspace.contains(dep.as_str()) && !allowed.contains(&dep.as_str()) {
+                problems.push(format!("{krate} may not depend on the workspace crate {dep}"));
+            }
+            for (prefix, homes) in HEAVY {
+                if dep.starts_with(prefix) && !homes.contains(&krate.as_str()) {
+                    problems.push(format!(
+                        "{krate} may not depend on {dep}: it belongs in {homes:?} only"
+                    ));
+                }
+            }
+        }
+    }
+    for krate in NO_RUNTIME {
+        let Some(start) = meta.ids.get(*krate) else {
+            continue;
+        };
+        let mut seen = BTreeSet::new();
+        let mut queue = VecDeque::from([start.clone()]);
+        while let Some(id) = queue.pop_front() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            let Some((name, deps)) = meta.graph.get(&id) else {
+                continue;
+            };
+            if RUNTIMES.contains(&name.as_str()) {
+                problems.push(format!(
+                    "{krate} reaches the async runtime {name} through its dependencies"
+                ));
+            }
+            queue.extend(deps.iter().cloned());
+        }
+    }
+    problems
+}
+
+#[test]
+fn workspace_layering_holds() {
+    let problems = check_layering(&metadata());
+    assert!(
+        problems.is_empty(),
+        "layering violations:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn layering_check_catches_violations() {
+    let mut meta = metadata();
+    meta.direct
+        .entry("stream-config".into())
+        .or_default()
+        .insert("arena-client".into());
+    meta.direct
+        .entry("reward-routing".into())
+        .or_default()
+        .insert("burn-ndarray".into());
+    meta.direct
+        .entry("arena-client".into())
+        .or_default()
+        .insert("axum".into());
+    let sc = meta.ids["stream-config"].clone();
+    meta.graph
+        .insert("fake-tokio".into(), ("tokio".into(), Vec::new()));
+    meta.graph
+        .get_mut(&sc)
+        .expect("stream-config is resolved")
+        .1
+        .push("fake-tokio".into());
+    let problems = check_layering(&meta);
+    let want = [
+        "stream-config may not depend on the workspace crate arena-client",
+        "reward-routing may not depend on burn-ndarray",
+        "arena-client may not depend on axum",
+        "stream-config reaches the async runtime tokio",
+    ];
+    for w in want {
+        assert!(
+            problems.iter().any(|p| p.starts_with(w)),
+            "missing {w:?} in {problems:?}"
+        );
+    }
+}
