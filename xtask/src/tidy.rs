@@ -65,7 +65,7 @@ fn metadata() -> Metadata {
         .parent()
         .expect("xtask lives in the workspace root");
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--locked"])
+        .args(["metadata", "--format-version", "1"])
         .current_dir(root)
         .output()
         .expect("cargo metadata runs");
