@@ -2,11 +2,58 @@
 //!
 //! This crate owns the one config format of the project and the vocabulary that crates which may not depend
 //! on each other must share ([`LlmProtocol`], [`RouteMode`], [`TaskStatus`]).
-//! It does not talk to Arena, spawn tasks or read the process environment except through the one place that
-//! config loading reads it.
+//!
+//! What it does:
+//!
+//! - **Run config** ([`load_run_config`]): a YAML file that may `extends:` others, then the environment
+//!   (`ARENA_RL_<SECTION>__<FIELD>` and the reference's own variables, [`REFERENCE_ENV_VARS`]), then dotted
+//!   overrides (`econfig.arena_mixture_epoch_size=12`), merged with figment; `${env:NAME}`,
+//!   `${env:NAME,default}` and `${path.to.key}` resolved after merging; typed into [`RunConfig`] with unknown
+//!   fields rejected; then validated, every problem reported at once. Errors name file, line and key path.
+//! - **Streams** ([`load_stream_configs`]): the three exclusive sources, the legacy single-stream fallback,
+//!   the per-entry rules, run-level merging, unique names and ids; [`StreamConfig::resolved_protocol`] infers
+//!   the Harness protocol.
+//! - **Mixture** ([`mixture::build_weighted_rows`]): deterministic, weighted, without replacement.
+//! - **Projection** ([`project_streams`]) of a config's Streams to the base64 YAML preflight takes.
+//! - **Redaction** ([`redact`]) of credentials in any config tree before it is saved or printed.
+//!
+//! What it does not do: talk to Arena, spawn tasks, or read the process environment anywhere but
+//! [`Env::from_process`] (every loader takes an [`Env`], so tests pass a map).
+//!
+//! ## Adding a config section
+//!
+//! A later issue that needs, say, a `proxy` section adds a struct in `schema.rs` (or a module under
+//! `schema/`) with `#[derive(Serialize, Deserialize)]`, `#[serde(deny_unknown_fields, default)]`, a doc
+//! comment on every field and a `Default` with the reference's defaults; adds it as a field of [`RunConfig`];
+//! and checks its rules in [`RunConfig::problems`]. YAML, `ARENA_RL_PROXY__<FIELD>` variables, overrides,
+//! interpolation and file/line error reporting then work for it unchanged. A reference variable that sets a
+//! field goes in [`REFERENCE_ENV_VARS`]. Secrets never live in the config: read them from [`Env`] into a
+//! `secrecy::SecretString` where they are used.
 
+mod env;
 mod error;
+mod interpolate;
+mod load;
+pub mod mixture;
+mod path;
+mod projection;
+mod redact;
+mod schema;
+mod stream;
 mod vocab;
+mod yaml;
 
-pub use error::{Error, Result};
+pub use env::Env;
+pub use error::{Error, Problem, Problems, Result};
+pub use load::{ENV_PREFIX, REFERENCE_ENV_VARS, load_run_config, load_run_config_str};
+pub use projection::{Projection, project_streams, render_streams_yaml};
+pub use redact::{REDACTED, is_sensitive_key, redact};
+pub use schema::{
+    ActorConfig, ClusterConfig, DatasetConfig, DatasetSource, EConfig, GenerationConfig, NormConfig,
+    NormLevel, RunConfig,
+};
+pub use stream::{
+    RewardRef, STREAM_FIELDS, StreamConfig, load_stream_configs, load_stream_configs_with_env,
+    parse_stream_config,
+};
 pub use vocab::{LlmProtocol, RouteMode, TaskStatus};

@@ -1,0 +1,246 @@
+//! Projection of a run config's Streams into the `{streams: [...]}` document preflight reads (spec 2.6).
+//!
+//! Unlike the reference, `extends:` is resolved first, and `arena_streams_file` (or `arena_streams_yaml_b64`)
+//! is projected as well as inline `arena_streams`. Neither the environment nor overrides are applied, and
+//! any `${` inside the streams is rejected: preflight and training could resolve it differently.
+
+use std::path::Path;
+
+use base64::Engine as _;
+use serde_json::Value;
+use serde_saphyr::Spanned;
+
+use crate::env::Env;
+use crate::error::{Collector, Error, Problem, Problems, Result};
+use crate::path::KeyPath;
+use crate::schema::EConfig;
+use crate::stream::{StreamConfig, collect_streams};
+use crate::yaml::{self, Node};
+
+/// A projected Streams document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Projection {
+    /// The YAML document `streams: [...]`, key order preserved, without a trailing newline.
+    pub yaml: String,
+    /// Standard base64 of `yaml` (what `arena_streams_yaml_b64` and preflight's `--streams-env-b64` take).
+    pub base64: String,
+}
+
+/// Projects the Streams of the run config at `path`: `extends:` resolved, then the one configured source
+/// (`econfig.arena_streams`, `econfig.arena_streams_file` with `~` expanded through `env`, or
+/// `econfig.arena_streams_yaml_b64`) validated by the rules of spec 2.3 and written as `streams: [...]`.
+pub fn project_streams(path: &Path, env: &Env) -> Result<Projection> {
+    let (_, layers) = crate::load::merged_files(path)?;
+    let econfig = KeyPath::keys(["econfig"]);
+    let last = |field: &str| {
+        layers
+            .iter()
+            .rev()
+            .find_map(|l| l.node_at(&econfig.key(field)).map(|n| (l.name.clone(), n)))
+    };
+    let inline = last("arena_streams").filter(|(_, n)| !matches!(n, Node::Null));
+    let file = last("arena_streams_file").filter(|(_, n)| !is_empty_text(n));
+    let b64 = last("arena_streams_yaml_b64").filter(|(_, n)| !is_empty_text(n));
+    let set: Vec<&str> = [
+        ("arena_streams", inline.is_some()),
+        ("arena_streams_file", file.is_some()),
+        ("arena_streams_yaml_b64", b64.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(n, on)| on.then_some(n))
+    .collect();
+    if set.len() > 1 {
+        return Err(Error::Invalid(format!(
+            "{}: arena_streams, arena_streams_yaml_b64 and arena_streams_file are mutually exclusive, but {} are set",
+            path.display(),
+            set.join(" and ")
+        )));
+    }
+
+    let mut econfig_value = EConfig::default();
+    let (items, list_path) = if let Some((_, node)) = inline {
+        let Node::Seq(items) = node else {
+            return Err(Error::Invalid(format!(
+                "{}: econfig.arena_streams must be a list, got {}",
+                path.display(),
+                node.kind()
+            )));
+        };
+        (items, econfig.key("arena_streams"))
+    } else if let Some((name, node)) = file.or(b64.clone()) {
+        let Node::Str(text) = &node else {
+            return Err(Error::Invalid(format!(
+                "{name}: econfig.{} must be a string, got {}",
+                set[0],
+                node.kind()
+            )));
+        };
+        if text.contains("${") {
+            return Err(Error::Invalid(format!(
+                "{name}: econfig.{} contains `${{`, which projection does not resolve: {text:?}",
+                set[0]
+            )));
+        }
+        if set[0] == "arena_streams_file" {
+            econfig_value.arena_streams_file = text.clone();
+        } else {
+            econfig_value.arena_streams_yaml_b64 = text.clone();
+        }
+        let items = read_document(&econfig_value, env)?;
+        (items, KeyPath::keys(["streams"]))
+    } else {
+        return Err(Error::Invalid(format!(
+            "{}: nothing to project: set a non-empty econfig.arena_streams list or econfig.arena_streams_file",
+            path.display()
+        )));
+    };
+    if items.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{}: nothing to project: the streams list is empty",
+            path.display()
+        )));
+    }
+
+    let mut c = Collector::default();
+    for (i, item) in items.iter().enumerate() {
+        reject_interpolation(&item.value, &list_path.index(i), &mut c);
+    }
+    c.finish(())?;
+
+    let entries: Vec<Value> = items.iter().map(|i| i.value.to_json()).collect();
+    let check = EConfig {
+        arena_streams: entries.clone(),
+        ..EConfig::default()
+    };
+    let (_, problems) = collect_streams(&check, env);
+    if !problems.is_empty() {
+        return Err(Error::Problems(Problems(problems)));
+    }
+    render(Value::Object(
+        [("streams".to_string(), Value::Array(entries))]
+            .into_iter()
+            .collect(),
+    ))
+}
+
+/// Renders validated streams as the YAML document `streams: [...]` (for printing; not redacted).
+pub fn render_streams_yaml(streams: &[StreamConfig]) -> Result<String> {
+    let value = serde_json::to_value(streams).map_err(|e| Error::Invalid(e.to_string()))?;
+    Ok(render(Value::Object(
+        [("streams".to_string(), value)].into_iter().collect(),
+    ))?
+    .yaml)
+}
+
+fn render(doc: Value) -> Result<Projection> {
+    let mut yaml = serde_saphyr::to_string(&doc)
+        .map_err(|e| Error::Invalid(format!("cannot write the streams as YAML: {e}")))?;
+    while yaml.ends_with('\n') {
+        yaml.pop();
+    }
+    let base64 = base64::engine::general_purpose::STANDARD.encode(yaml.as_bytes());
+    Ok(Projection { yaml, base64 })
+}
+
+fn is_empty_text(node: &Node) -> bool {
+    match node {
+        Node::Null => true,
+        Node::Str(s) => s.trim().is_empty(),
+        _ => false,
+    }
+}
+
+/// The entries of a streams file or base64 document, with the key order of the source.
+fn read_document(econfig: &EConfig, env: &Env) -> Result<Vec<Spanned<Node>>> {
+    let (name, text) = if !econfig.arena_streams_file.is_empty() {
+        let path = env.expand_tilde(econfig.arena_streams_file.trim());
+        if !path.is_file() {
+            return Err(Error::Invalid(format!(
+                "econfig.arena_streams_file: Arena Streams file not found: {}",
+                path.display()
+            )));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        (path.display().to_string(), text)
+    } else {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(econfig.arena_streams_yaml_b64.trim())
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "econfig.arena_streams_yaml_b64: arena_streams_yaml_b64 is not valid base64 UTF-8 ({e})"
+                ))
+            })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Error::Invalid(format!(
+                "econfig.arena_streams_yaml_b64: arena_streams_yaml_b64 is not valid base64 UTF-8 ({e})"
+            ))
+        })?;
+        ("arena_streams_yaml_b64".to_string(), text)
+    };
+    let (root, _) = yaml::parse(&text).map_err(|e| Error::Syntax {
+        origin: match e.at {
+            Some(at) => format!("{name}:{}:{}", at.line, at.column),
+            None => name.clone(),
+        },
+        message: e.message,
+    })?;
+    let shape = |what: String| {
+        Error::Problems(Problems(vec![Problem {
+            path: String::new(),
+            message: what,
+            origin: Some(name.clone()),
+        }]))
+    };
+    match root {
+        Node::Seq(items) => Ok(items),
+        Node::Map(mut entries) => {
+            let unknown: Vec<String> = entries
+                .iter()
+                .map(|(k, _)| k.value.clone())
+                .filter(|k| k != "streams")
+                .collect();
+            if !unknown.is_empty() {
+                return Err(shape(format!(
+                    "Arena Streams document has unknown top-level fields: {unknown:?} (only `streams` is allowed)"
+                )));
+            }
+            match entries.pop().map(|(_, v)| v.value) {
+                Some(Node::Seq(items)) => Ok(items),
+                _ => Err(shape(
+                    "Arena Streams document must contain a `streams` list".into(),
+                )),
+            }
+        }
+        other => Err(shape(format!(
+            "Arena Streams document must be a `streams:` mapping or a list, got {}",
+            other.kind()
+        ))),
+    }
+}
+
+fn reject_interpolation(node: &Node, at: &KeyPath, c: &mut Collector) {
+    let message = "contains `${`, which projection does not resolve (preflight and training could resolve it differently)";
+    match node {
+        Node::Str(s) if s.contains("${") => c.push(at, message),
+        Node::Seq(items) => {
+            for (i, item) in items.iter().enumerate() {
+                reject_interpolation(&item.value, &at.index(i), c);
+            }
+        }
+        Node::Map(entries) => {
+            for (k, v) in entries {
+                if k.value.contains("${") {
+                    c.push(at.key(&k.value), format!("the key {message}"));
+                }
+                reject_interpolation(&v.value, &at.key(&k.value), c);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

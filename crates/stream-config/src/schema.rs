@@ -1,0 +1,344 @@
+//! The typed run config: one struct per section, a doc comment on every field, the reference's defaults.
+//!
+//! Raw values arrive from YAML, the environment and overrides (see [`crate::load`]); serde rejects unknown
+//! fields and wrong types, then [`RunConfig::validate`] checks every rule and reports all problems at once.
+
+mod econfig;
+pub(crate) mod lenient_json;
+
+use serde::{Deserialize, Serialize};
+
+pub use econfig::{DatasetSource, EConfig};
+
+use crate::env::Env;
+use crate::error::{Collector, Problem};
+use crate::path::KeyPath;
+
+/// A whole run config.
+///
+/// To add a section: define its struct here (or in its own module under `schema/`) with
+/// `#[serde(deny_unknown_fields, default)]`, a `Default` with the reference's defaults and a doc comment on
+/// every field; add it as a field below; check its rules in [`RunConfig::validate`]. Environment variables
+/// (`ARENA_RL_<SECTION>__<FIELD>`) and dotted overrides then reach it without further work.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Name of the experiment (required); outputs go under `<cluster.fileroot>/<experiment_name>/<trial_name>`.
+    pub experiment_name: String,
+    /// Name of this trial of the experiment (required).
+    pub trial_name: String,
+    /// Where the run executes and writes.
+    pub cluster: ClusterConfig,
+    /// Arena: Streams, routing, timeouts and reward knobs.
+    pub econfig: EConfig,
+    /// Generation during rollouts.
+    pub gconfig: GenerationConfig,
+    /// The policy being trained.
+    pub actor: ActorConfig,
+    /// How prompt rows are batched for training.
+    pub train_dataset: DatasetConfig,
+    /// How prompt rows are batched for evaluation; absent means no evaluation.
+    pub valid_dataset: Option<DatasetConfig>,
+}
+
+/// The `cluster` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Root directory for logs, checkpoints and audit shards; must be visible to every node.
+    pub fileroot: String,
+    /// Number of nodes the run uses.
+    pub n_nodes: u32,
+    /// GPUs per node (0 runs on CPUs).
+    pub n_gpus_per_node: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            fileroot: "/tmp/arena-rl/".to_string(),
+            n_nodes: 32,
+            n_gpus_per_node: 8,
+        }
+    }
+}
+
+/// The `gconfig` section: sampling during rollouts and rollout-time group handling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerationConfig {
+    /// Rollouts per prompt row (the GRPO group size).
+    pub n_samples: u32,
+    /// Most tokens generated per model call.
+    pub max_new_tokens: u32,
+    /// Sampling temperature (0 is greedy).
+    pub temperature: f64,
+    /// Nucleus sampling threshold, in (0, 1].
+    pub top_p: f64,
+    /// Z-score each group's rewards at rollout time (population std + 1e-8); excludes `actor.reward_norm`.
+    pub reward_normalization: bool,
+    /// Drop a whole group when any of its samples failed.
+    pub drop_incomplete_group: bool,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        Self {
+            n_samples: 1,
+            max_new_tokens: 16384,
+            temperature: 1.0,
+            top_p: 1.0,
+            reward_normalization: false,
+            drop_incomplete_group: false,
+        }
+    }
+}
+
+/// Where a normalisation statistic is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormLevel {
+    /// Over the whole training batch.
+    Batch,
+    /// Over each prompt's group of samples.
+    Group,
+}
+
+/// Training-time normalisation of rewards or advantages (the reference's `NormConfig`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NormConfig {
+    /// Level of the subtracted mean; null subtracts nothing.
+    pub mean_level: Option<NormLevel>,
+    /// Leave-one-out mean.
+    pub mean_leave1out: bool,
+    /// Level of the dividing standard deviation; null divides by 1.
+    pub std_level: Option<NormLevel>,
+    /// Unbiased (n - 1) standard deviation.
+    pub std_unbiased: bool,
+    /// Added to the standard deviation before dividing.
+    pub eps: f64,
+    /// Group size when the real per-group sizes are unknown.
+    pub group_size: u32,
+}
+
+impl Default for NormConfig {
+    fn default() -> Self {
+        Self {
+            mean_level: Some(NormLevel::Batch),
+            mean_leave1out: false,
+            std_level: Some(NormLevel::Batch),
+            std_unbiased: true,
+            eps: 1e-5,
+            group_size: 1,
+        }
+    }
+}
+
+/// The `actor` section: the policy and its GRPO update.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActorConfig {
+    /// Training-time reward normalisation; null disables it.
+    pub reward_norm: Option<NormConfig>,
+    /// Advantage normalisation; null disables it.
+    pub adv_norm: Option<NormConfig>,
+    /// Learning rate.
+    pub lr: f64,
+    /// PPO clip range of the policy ratio.
+    pub eps_clip: f64,
+    /// Stop after this many training steps; null trains through the data.
+    pub total_train_steps: Option<u64>,
+    /// Multiplies rewards before clipping.
+    pub reward_scaling: f64,
+    /// Added to rewards before scaling.
+    pub reward_bias: f64,
+    /// Rewards are clipped to `[-reward_clip, reward_clip]`.
+    pub reward_clip: f64,
+}
+
+impl Default for ActorConfig {
+    fn default() -> Self {
+        Self {
+            reward_norm: None,
+            adv_norm: None,
+            lr: 1e-3,
+            eps_clip: 0.2,
+            total_train_steps: None,
+            reward_scaling: 1.0,
+            reward_bias: 0.0,
+            reward_clip: 20.0,
+        }
+    }
+}
+
+/// The `train_dataset` and `valid_dataset` sections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatasetConfig {
+    /// Prompt rows per training step (each row becomes `gconfig.n_samples` rollouts).
+    pub batch_size: u64,
+    /// Shuffle rows each epoch.
+    pub shuffle: bool,
+    /// Drop the last incomplete batch.
+    pub drop_last: bool,
+}
+
+impl Default for DatasetConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 1,
+            shuffle: true,
+            drop_last: true,
+        }
+    }
+}
+
+fn positive(c: &mut Collector, path: KeyPath, value: f64) {
+    if !(value.is_finite() && value > 0.0) {
+        c.push(path, format!("must be finite and positive, got {value}"));
+    }
+}
+
+fn non_negative(c: &mut Collector, path: KeyPath, value: f64) {
+    if !(value.is_finite() && value >= 0.0) {
+        c.push(path, format!("must be finite and >= 0, got {value}"));
+    }
+}
+
+fn check_norm(c: &mut Collector, path: KeyPath, norm: &NormConfig) {
+    non_negative(c, path.key("eps"), norm.eps);
+    if norm.group_size == 0 {
+        c.push(path.key("group_size"), "must be >= 1, got 0");
+    }
+}
+
+impl RunConfig {
+    /// Checks every rule of every section, the Streams included (their sources are read, with `env` for `~`
+    /// expansion), and returns every broken rule. Paths are key paths of the config; origins are not filled
+    /// in here (see [`crate::load`], which adds file and line).
+    pub fn problems(&self, env: &Env) -> Vec<Problem> {
+        let mut c = Collector::default();
+        let root = KeyPath::root();
+        for (field, value) in [
+            ("experiment_name", &self.experiment_name),
+            ("trial_name", &self.trial_name),
+        ] {
+            if value.trim().is_empty() {
+                c.push(root.key(field), "is required");
+            } else if value.contains('/') {
+                c.push(root.key(field), format!("{value:?} must not contain '/'"));
+            }
+        }
+        if self.cluster.n_nodes == 0 {
+            c.push(root.key("cluster").key("n_nodes"), "must be >= 1, got 0");
+        }
+
+        let g = root.key("gconfig");
+        if self.gconfig.n_samples == 0 {
+            c.push(g.key("n_samples"), "must be >= 1, got 0");
+        }
+        if self.gconfig.max_new_tokens == 0 {
+            c.push(g.key("max_new_tokens"), "must be >= 1, got 0");
+        }
+        non_negative(&mut c, g.key("temperature"), self.gconfig.temperature);
+        let top_p = self.gconfig.top_p;
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            c.push(g.key("top_p"), format!("must be in (0, 1], got {top_p}"));
+        }
+
+        let a = root.key("actor");
+        positive(&mut c, a.key("lr"), self.actor.lr);
+        positive(&mut c, a.key("eps_clip"), self.actor.eps_clip);
+        positive(&mut c, a.key("reward_clip"), self.actor.reward_clip);
+        for (field, value) in [
+            ("reward_scaling", self.actor.reward_scaling),
+            ("reward_bias", self.actor.reward_bias),
+        ] {
+            if !value.is_finite() {
+                c.push(a.key(field), format!("must be finite, got {value}"));
+            }
+        }
+        if self.actor.total_train_steps == Some(0) {
+            c.push(a.key("total_train_steps"), "must be >= 1 or null, got 0");
+        }
+        if let Some(n) = &self.actor.reward_norm {
+            check_norm(&mut c, a.key("reward_norm"), n);
+            if self.gconfig.reward_normalization {
+                c.push(
+                    a.key("reward_norm"),
+                    "gconfig.reward_normalization and actor.reward_norm normalise rewards twice; enable only one",
+                );
+            }
+        }
+        if let Some(n) = &self.actor.adv_norm {
+            check_norm(&mut c, a.key("adv_norm"), n);
+        }
+
+        for (section, d) in [
+            ("train_dataset", Some(&self.train_dataset)),
+            ("valid_dataset", self.valid_dataset.as_ref()),
+        ] {
+            if d.is_some_and(|d| d.batch_size == 0) {
+                c.push(root.key(section).key("batch_size"), "must be >= 1, got 0");
+            }
+        }
+
+        self.econfig
+            .validate(&root.key("econfig"), self.train_dataset.batch_size, &mut c);
+        if self.econfig.dataset_source == DatasetSource::Arena {
+            let (_, problems) = crate::stream::collect_streams(&self.econfig, env);
+            c.extend(problems);
+        }
+        c.into_problems()
+    }
+}
+
+/// The field names of a struct that derives `Deserialize` (used to tell config variables from others).
+pub(crate) fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+
+    struct Capture(&'static [&'static str]);
+
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("field capture")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Stop
+        }
+    }
+
+    struct Probe<'a>(&'a mut Capture);
+    impl<'de> de::Deserializer<'de> for Probe<'_> {
+        type Error = Stop;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0.0 = fields;
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut capture = Capture(&[]);
+    let _ = T::deserialize(Probe(&mut capture));
+    capture.0
+}
+
+#[cfg(test)]
+mod tests;
