@@ -1,6 +1,51 @@
-//! The rollout proxy that harnesses talk to instead of a model provider.
+//! The rollout proxy: the HTTP server harnesses talk to instead of a model provider.
 //!
-//! This crate will hold the session store and keys, the Chat Completions, Anthropic Messages and Responses
-//! protocols, chat templates, tool-call parsing, token-exact trajectory recording, and the `InferenceEngine`
-//! trait that the policy is served through.
-//! It depends on no other workspace crate.
+//! It binds every request to a training session, renders the conversation with the model's own chat
+//! template, generates with the policy through an [`InferenceEngine`], answers in the harness's protocol,
+//! and records every sampled token with its log-probability and policy version. A turn that extends an
+//! earlier one reuses that turn's exact tokens and appends only the rendering of the new messages, so the
+//! exported trajectories are exactly what was sampled ([`export`] documents the format).
+//!
+//! What it deliberately does not do: it never names burn or any model implementation (engines plug in
+//! through [`InferenceEngine`]), it depends on no other workspace crate, and it does not translate between
+//! protocols through a gateway: each protocol is served natively on the protocol-neutral core
+//! ([`generation`], [`sse`], [`error::Protocol`]).
+//!
+//! Entry points:
+//!
+//! - [`ProxyState::new`] with a [`ProxyConfig`], a [`ChatModel`] ([`ChatModel::from_dir`]) and an
+//!   `Arc<dyn InferenceEngine>`; then [`router`] for tests (no socket needed), or [`ProxyServer::start`] /
+//!   [`serve`] to listen without naming the HTTP stack.
+//! - Engines: [`FakeEngine`] (deterministic, for tests and benches), [`SglangEngine`] (SGLang's native
+//!   `/generate`), and [`generate_router`], which serves any engine over SGLang's `/generate`.
+//! - Reusable pieces: [`template::ChatTemplate`] (HF chat templates), [`tokenizer::Tokenizer`] and
+//!   [`tokenizer::IncrementalDecoder`], [`parse`] (reasoning, tool calls, stop strings).
+
+pub mod auth;
+mod control;
+pub mod engine;
+pub mod error;
+pub mod export;
+pub mod generation;
+pub mod messages;
+mod metrics;
+pub mod model;
+pub mod parse;
+mod protocol;
+mod server;
+pub mod session;
+pub mod sse;
+pub mod template;
+pub mod tokenizer;
+mod trajectory;
+
+pub use engine::{
+    EngineError, EngineEvent, FakeEngine, FakeEngineConfig, FinishReason, GenerateRequest, InferenceEngine,
+    SampledToken, SamplingParams, SglangConfig, SglangEngine, TokenStream, WeightUpdate, generate_router,
+};
+pub use error::{ApiError, ApiErrorKind, Error, Protocol, Result};
+pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory};
+pub use model::ChatModel;
+pub use parse::{ReasoningFormat, ToolCallFormat};
+pub use server::{ProxyConfig, ProxyServer, ProxyState, check_bind, router, serve};
+pub use session::SessionLimits;

@@ -1,0 +1,286 @@
+//! The control endpoints: health, metrics, capacity grants, and the session lifecycle (`start_session`,
+//! `set_reward`, `end_session`, `export_trajectories`) of reference section 6.4, with this project's fixes
+//! (random session ids, keys that stop at `end_session`, an export deadline, tombstones).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::error::{ApiError, ApiErrorKind};
+use crate::export::{ExportOptions, ExportStyle, ExportedSession};
+use crate::metrics::Metrics;
+use crate::server::{Caller, ProxyState};
+
+fn answer(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Parses a control body; missing or mistyped fields are 422, as FastAPI answers.
+fn body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| ApiError::unprocessable(format!("invalid request body: {e}")))
+}
+
+/// `GET /health`.
+pub(crate) async fn health(State(state): State<ProxyState>) -> Response {
+    let live = state.store().live_sessions();
+    axum::Json(json!({
+        "status": "ok",
+        "initialized": true,
+        "model": state.model_name(),
+        "max_context_len": state.shared().engine.max_context_len(),
+        "live_sessions": live,
+    }))
+    .into_response()
+}
+
+/// `GET /metrics`, Prometheus text format.
+pub(crate) async fn metrics(State(state): State<ProxyState>) -> Response {
+    let text = state.shared().metrics.render(&state.gauges());
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// `GET /v1/models`: the one model served.
+pub(crate) async fn models(State(state): State<ProxyState>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": state.model_name(), "object": "model", "created": 0, "owned_by": "arena-rl"}],
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantBody {
+    #[serde(default)]
+    count: Option<u32>,
+}
+
+/// `POST /grant_capacity` (admin): capacity += `count` (default 1).
+pub(crate) async fn grant_capacity(
+    State(state): State<ProxyState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    answer((|| {
+        state.require_admin(&headers)?;
+        let grant: GrantBody = body(&bytes)?;
+        let capacity = state.store().grant(i64::from(grant.count.unwrap_or(1)));
+        Ok(axum::Json(json!({"capacity": capacity})).into_response())
+    })())
+}
+
+#[derive(Deserialize)]
+struct StartBody {
+    task_id: String,
+    #[serde(default)]
+    api_key: Option<String>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// `POST /rl/start_session` (admin): `{task_id, api_key?, metadata?}` → `{session_id, api_key}`.
+pub(crate) async fn start_session(
+    State(state): State<ProxyState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    answer((|| {
+        state.require_admin(&headers)?;
+        let start: StartBody = body(&bytes)?;
+        let metadata = match start.metadata {
+            None | Some(Value::Null) => json!({}),
+            Some(m @ Value::Object(_)) => m,
+            Some(_) => return Err(ApiError::invalid("metadata must be an object").with_param("metadata")),
+        };
+        let key = start.api_key.filter(|k| !k.is_empty()).map(SecretString::from);
+        let (id, key) = state.store().start(
+            &start.task_id,
+            key,
+            &state.shared().config.admin_key,
+            metadata,
+            Instant::now(),
+        )?;
+        Metrics::add(&state.shared().metrics.sessions_started, 1);
+        tracing::info!(session = &*id, "session started");
+        Ok(axum::Json(json!({"session_id": &*id, "api_key": key.expose_secret()})).into_response())
+    })())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RewardBody {
+    #[serde(default)]
+    interaction_id: Option<String>,
+    reward: f64,
+    #[serde(default)]
+    session_id: Option<String>,
+}
+
+/// The session an admin-or-session call targets: the caller's own session, or `session_id` for the admin.
+fn target(caller: Caller, session_id: Option<String>) -> Result<String, ApiError> {
+    match (caller, session_id) {
+        (Caller::Session(own), None) => Ok(own.to_string()),
+        (Caller::Session(own), Some(id)) if *own == *id => Ok(id),
+        (Caller::Session(_), Some(_)) => Err(ApiError::new(
+            ApiErrorKind::PermissionDenied,
+            "a session key may only act on its own session",
+        )),
+        (Caller::Admin, Some(id)) => Ok(id),
+        (Caller::Admin, None) => Err(ApiError::unprocessable(
+            "session_id is required with the admin key",
+        )),
+    }
+}
+
+/// `POST /rl/set_reward`: with the session key until `end_session`, with the admin key (and `session_id`)
+/// until export.
+pub(crate) async fn set_reward(
+    State(state): State<ProxyState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    answer((|| {
+        let caller = state.session_caller(&headers)?;
+        let reward: RewardBody = body(&bytes)?;
+        if !reward.reward.is_finite() {
+            return Err(ApiError::invalid("reward must be finite").with_param("reward"));
+        }
+        let id = target(caller, reward.session_id)?;
+        let mut store = state.store();
+        let session = store.get_mut(&id)?;
+        let set = session
+            .trajectory
+            .set_reward(reward.interaction_id.as_deref(), reward.reward)
+            .map_err(|m| ApiError::invalid(m).with_param("interaction_id"))?;
+        Ok(axum::Json(json!({"message": "success", "interaction_id": set})).into_response())
+    })())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndBody {
+    #[serde(default)]
+    session_id: Option<String>,
+}
+
+/// `POST /rl/end_session`: ends the session (its key stops working) and reports its flags.
+pub(crate) async fn end_session(
+    State(state): State<ProxyState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    answer((|| {
+        let caller = state.session_caller(&headers)?;
+        let end: EndBody = body(&bytes)?;
+        let id = target(caller, end.session_id)?;
+        let summary = state.store().end(&id, Instant::now())?;
+        Metrics::add(&state.shared().metrics.sessions_ended, 1);
+        Ok(axum::Json(summary).into_response())
+    })())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportBody {
+    session_id: String,
+    #[serde(default = "one")]
+    discount: f64,
+    #[serde(default)]
+    style: ExportStyle,
+    #[serde(default)]
+    drop_retry_orphans: bool,
+    #[serde(default)]
+    final_reward: Option<f64>,
+    #[serde(default)]
+    wait_timeout_seconds: Option<f64>,
+    #[serde(default)]
+    supports_shared_tensor_references: Option<bool>,
+    #[serde(default)]
+    is_eval: Option<bool>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `POST /export_trajectories` (admin): waits (with a deadline) for `end_session`, exports, and forgets
+/// the session.
+pub(crate) async fn export_trajectories(
+    State(state): State<ProxyState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    answer(export(&state, &headers, &bytes).await)
+}
+
+async fn export(state: &ProxyState, headers: &HeaderMap, bytes: &Bytes) -> Result<Response, ApiError> {
+    state.require_admin(headers)?;
+    let request: ExportBody = body(bytes)?;
+    let _ = (request.supports_shared_tensor_references, request.is_eval);
+    if !request.discount.is_finite() {
+        return Err(ApiError::invalid("discount must be finite").with_param("discount"));
+    }
+    if request.final_reward.is_some_and(|r| !r.is_finite()) {
+        return Err(ApiError::invalid("final_reward must be finite").with_param("final_reward"));
+    }
+    let wait = match request.wait_timeout_seconds {
+        None => state.shared().config.export_wait_timeout,
+        Some(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s.min(86_400.0)),
+        Some(_) => {
+            return Err(
+                ApiError::invalid("wait_timeout_seconds must be a non-negative number")
+                    .with_param("wait_timeout_seconds"),
+            );
+        }
+    };
+    let id = request.session_id;
+    let mut ended = state.store().ended_watch(&id)?;
+    if !*ended.borrow() {
+        let waited = tokio::time::timeout(wait, ended.wait_for(|e| *e)).await;
+        if waited.is_err() {
+            return Err(ApiError::new(
+                ApiErrorKind::Conflict,
+                format!("session {id:?} did not end within {:.1}s", wait.as_secs_f64()),
+            ));
+        }
+    }
+    let session = state.store().take(&id)?;
+    let options = ExportOptions {
+        style: request.style,
+        discount: request.discount,
+        drop_retry_orphans: request.drop_retry_orphans,
+        final_reward: request.final_reward,
+    };
+    let trajectories = session
+        .trajectory
+        .export(&session.id, &session.metadata, &options);
+    Metrics::add(&state.shared().metrics.sessions_exported, 1);
+    let exported = ExportedSession {
+        session_id: session.id.to_string(),
+        task_id: session.task_id.clone(),
+        style: options.style,
+        discount: options.discount,
+        context_overflow: session.context_overflow.is_some(),
+        system_error: session.system_error.is_some(),
+        interaction_count: session.trajectory.len(),
+        trajectories,
+    };
+    Ok(axum::Json(exported).into_response())
+}

@@ -1,0 +1,175 @@
+//! The inference engine abstraction the proxy serves the policy through, and its implementations: a
+//! deterministic fake for tests and benches, an SGLang `/generate` client, and [`generate_router`], which
+//! serves any engine over SGLang's `/generate` so that other machines (and this crate's tests) can reach it.
+//!
+//! The trait speaks token ids only; it knows nothing of HTTP, chat templates or sessions.
+
+mod fake;
+mod serve;
+mod sglang;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use futures::future::BoxFuture;
+
+pub use fake::{FakeEngine, FakeEngineConfig};
+pub use serve::generate_router;
+pub use sglang::{SglangConfig, SglangEngine};
+
+/// How to sample one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass, in (0, 1].
+    pub top_p: f32,
+    /// Keep only the `top_k` most likely tokens; `None` keeps all.
+    pub top_k: Option<u32>,
+    /// The most tokens to generate.
+    pub max_new_tokens: u32,
+    /// Token ids that end the generation when sampled (the sampled stop token is part of the output).
+    pub stop_token_ids: Vec<u32>,
+    /// A seed for reproducible sampling.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: 16,
+            stop_token_ids: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+/// One generation to run.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The prompt.
+    pub input_ids: Arc<[u32]>,
+    /// How to sample.
+    pub sampling: SamplingParams,
+    /// Image blocks of the conversation, exactly as the client sent them, in order; empty for text-only
+    /// prompts. Only engines that declare [`InferenceEngine::supports_images`] receive any.
+    pub images: Vec<serde_json::Value>,
+}
+
+/// One sampled token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampledToken {
+    /// The token id.
+    pub id: u32,
+    /// Its log-probability under the policy that sampled it.
+    pub logprob: f32,
+    /// The policy (weights) version that sampled it; it may change in the middle of a sequence.
+    pub version: u32,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FinishReason {
+    /// A stop token was sampled (`matched`), or the engine stopped on its own (`None`).
+    Stop {
+        /// The stop token id, when a stop token ended the generation.
+        matched: Option<u32>,
+    },
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The engine aborted the generation.
+    Abort {
+        /// Why.
+        message: String,
+    },
+}
+
+/// What a generation stream yields: tokens as they are sampled, then exactly one finish.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    /// A token was sampled.
+    Token(SampledToken),
+    /// The generation ended; nothing follows.
+    Finished(FinishReason),
+}
+
+/// A generation in progress. Dropping it aborts the generation.
+pub type TokenStream = Pin<Box<dyn Stream<Item = Result<EngineEvent, EngineError>> + Send>>;
+
+/// A request to load new weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightUpdate {
+    /// Where the weights are (a folder the engine can read).
+    pub path: PathBuf,
+    /// The policy version the new weights are; `None` lets the engine count on from its current one.
+    pub version: Option<u32>,
+}
+
+/// Errors of an inference engine.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// The engine does not implement this operation.
+    #[error("the engine does not support {0}")]
+    Unsupported(&'static str),
+    /// The prompt does not fit the engine's context window.
+    #[error("the prompt has {prompt} tokens but the context window holds {max}")]
+    ContextLengthExceeded {
+        /// Prompt tokens.
+        prompt: usize,
+        /// The context window.
+        max: usize,
+    },
+    /// The engine refused the request as invalid.
+    #[error("the engine refused the request: {0}")]
+    InvalidRequest(String),
+    /// The engine could not be reached.
+    #[error("engine transport failed: {0}")]
+    Transport(String),
+    /// The engine answered with an HTTP error.
+    #[error("engine answered HTTP {status}: {body}")]
+    Upstream {
+        /// The status code.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// The engine's answer could not be understood.
+    #[error("engine answered something unexpected: {0}")]
+    Protocol(String),
+    /// The engine failed internally.
+    #[error("engine failed: {0}")]
+    Internal(String),
+}
+
+/// A policy that generates tokens. Object-safe: the proxy holds an `Arc<dyn InferenceEngine>`.
+pub trait InferenceEngine: Send + Sync {
+    /// Starts a generation. The stream yields tokens as they are sampled and then one
+    /// [`EngineEvent::Finished`]; dropping it aborts the generation.
+    fn generate(&self, request: GenerateRequest) -> TokenStream;
+
+    /// The most tokens a prompt plus its generation may hold.
+    fn max_context_len(&self) -> usize;
+
+    /// Whether the engine accepts image inputs.
+    fn supports_images(&self) -> bool {
+        false
+    }
+
+    /// Loads new weights from disk (weight sync); unsupported unless an engine implements it.
+    fn update_weights_from_disk(&self, update: WeightUpdate) -> BoxFuture<'_, Result<(), EngineError>> {
+        let _ = update;
+        Box::pin(async { Err(EngineError::Unsupported("update_weights_from_disk")) })
+    }
+
+    /// Drops cached prefixes (after a weight update); unsupported unless an engine implements it.
+    fn flush_cache(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async { Err(EngineError::Unsupported("flush_cache")) })
+    }
+}

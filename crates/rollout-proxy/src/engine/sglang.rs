@@ -1,0 +1,516 @@
+//! [`SglangEngine`]: an [`InferenceEngine`] backed by an SGLang server's native HTTP API over plain HTTP/1.1
+//! (token ids in, token ids and logprobs out, streamed), with weight-sync passthrough.
+//!
+//! It understands both SGLang streaming styles: cumulative chunks (the default, each chunk repeats every
+//! token so far) and incremental ones (`--incremental-streaming-output`), telling them apart by the running
+//! `completion_tokens` count. Policy versions come from `meta_info.weight_versions` spans when the server
+//! reports them, else from `weight_version`, else from the version this client last installed.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use futures::stream;
+use http::{Method, Request, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
+    WeightUpdate,
+};
+
+/// Where an SGLang server is and what it can do.
+#[derive(Debug, Clone)]
+pub struct SglangConfig {
+    /// The server's base URL, `http://host:port` (plain HTTP; SGLang runs inside the cluster).
+    pub base_url: String,
+    /// The context window; `None` asks the server (`/get_server_info`'s `context_length`).
+    pub max_context_len: Option<usize>,
+    /// Whether the served model accepts images.
+    pub supports_images: bool,
+    /// Stream tokens as they are sampled (otherwise one answer per generation).
+    pub stream: bool,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+}
+
+impl SglangConfig {
+    /// Defaults for a server at `base_url`.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            max_context_len: None,
+            supports_images: false,
+            stream: true,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// An SGLang server as an [`InferenceEngine`].
+#[derive(Debug, Clone)]
+pub struct SglangEngine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    max_context_len: usize,
+    supports_images: bool,
+    stream: bool,
+    version: AtomicU32,
+}
+
+#[derive(Serialize)]
+struct WireGenerate<'a> {
+    input_ids: &'a [u32],
+    sampling_params: WireSampling<'a>,
+    return_logprob: bool,
+    stream: bool,
+    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
+    image_data: &'a [Value],
+}
+
+#[derive(Serialize)]
+struct WireSampling<'a> {
+    temperature: f32,
+    top_p: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
+    max_new_tokens: u32,
+    #[serde(skip_serializing_if = "<[u32]>::is_empty")]
+    stop_token_ids: &'a [u32],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sampling_seed: Option<u64>,
+    skip_special_tokens: bool,
+    no_stop_trim: bool,
+}
+
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default)]
+    meta_info: Option<WireMeta>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireMeta {
+    #[serde(default)]
+    finish_reason: Option<Value>,
+    #[serde(default)]
+    completion_tokens: Option<usize>,
+    #[serde(default)]
+    output_token_logprobs: Vec<(Option<f64>, u32, Option<Value>)>,
+    #[serde(default)]
+    weight_version: Option<Value>,
+    #[serde(default)]
+    weight_versions: Vec<WireSpan>,
+}
+
+#[derive(Deserialize)]
+struct WireSpan {
+    version: Value,
+    start: usize,
+    end: usize,
+}
+
+fn parse_version(v: &Value) -> Option<u32> {
+    match v {
+        Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        Value::String(s) => s.trim().trim_start_matches('v').parse().ok(),
+        _ => None,
+    }
+}
+
+impl SglangEngine {
+    /// A client for `config`, asking the server for its context window when the config does not say.
+    pub async fn connect(config: SglangConfig) -> Result<Self, EngineError> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(usize::MAX)
+            .build(connector);
+        let base = config.base_url.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") {
+            return Err(EngineError::InvalidRequest(format!(
+                "the SGLang base URL must be plain http://host:port, got {base:?}"
+            )));
+        }
+        let mut inner = Inner {
+            base,
+            client,
+            max_context_len: config.max_context_len.unwrap_or(0),
+            supports_images: config.supports_images,
+            stream: config.stream,
+            version: AtomicU32::new(0),
+        };
+        if config.max_context_len.is_none() {
+            let info = inner.call(Method::GET, "/get_server_info", Bytes::new()).await?;
+            let info: Value = serde_json::from_slice(&info)
+                .map_err(|e| EngineError::Protocol(format!("/get_server_info is not JSON: {e}")))?;
+            inner.max_context_len = info
+                .get("context_length")
+                .and_then(Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    EngineError::Protocol(
+                        "/get_server_info has no context_length; configure max_context_len".into(),
+                    )
+                })?;
+        }
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+impl Inner {
+    fn uri(&self, path: &str) -> Result<Uri, EngineError> {
+        format!("{}{path}", self.base)
+            .parse()
+            .map_err(|e| EngineError::InvalidRequest(format!("bad SGLang URL: {e}")))
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<hyper::body::Incoming, EngineError> {
+        let request = Request::builder()
+            .method(method)
+            .uri(self.uri(path)?)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| EngineError::Transport(format!("{path}: {e}")))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let text = String::from_utf8_lossy(&body);
+            let body: String = text.chars().take(500).collect();
+            if status.as_u16() == 400 && body.contains("context length") {
+                return Err(EngineError::InvalidRequest(body));
+            }
+            return Err(EngineError::Upstream {
+                status: status.as_u16(),
+                body,
+            });
+        }
+        Ok(response.into_body())
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, EngineError> {
+        let body = self.send(method, path, body).await?;
+        body.collect()
+            .await
+            .map(|b| b.to_bytes())
+            .map_err(|e| EngineError::Transport(format!("{path}: {e}")))
+    }
+}
+
+/// Turns SGLang chunks into engine events.
+struct Decoder {
+    emitted: usize,
+    fallback_version: u32,
+    finished: bool,
+}
+
+impl Decoder {
+    fn chunk(&mut self, data: &[u8], out: &mut VecDeque<Result<EngineEvent, EngineError>>) {
+        let chunk: WireChunk = match serde_json::from_slice(data) {
+            Ok(c) => c,
+            Err(e) => {
+                out.push_back(Err(EngineError::Protocol(format!(
+                    "a /generate chunk is not valid: {e}"
+                ))));
+                self.finished = true;
+                return;
+            }
+        };
+        if let Some(error) = chunk.error {
+            out.push_back(Err(EngineError::Internal(format!(
+                "SGLang reported an error: {error}"
+            ))));
+            self.finished = true;
+            return;
+        }
+        let Some(meta) = chunk.meta_info else {
+            out.push_back(Err(EngineError::Protocol(
+                "a /generate chunk has no meta_info".into(),
+            )));
+            self.finished = true;
+            return;
+        };
+        let list = &meta.output_token_logprobs;
+        let total = meta.completion_tokens.unwrap_or(self.emitted + list.len());
+        let (new, first_index) = if list.len() == total && total >= self.emitted {
+            (&list[self.emitted..], self.emitted)
+        } else if self.emitted + list.len() == total {
+            (&list[..], self.emitted)
+        } else {
+            out.push_back(Err(EngineError::Protocol(format!(
+                "a /generate chunk has {} logprobs for {total} completion tokens after {} seen",
+                list.len(),
+                self.emitted
+            ))));
+            self.finished = true;
+            return;
+        };
+        let default_version = meta
+            .weight_version
+            .as_ref()
+            .and_then(parse_version)
+            .unwrap_or(self.fallback_version);
+        for (offset, (logprob, id, _)) in new.iter().enumerate() {
+            let index = first_index + offset;
+            let version = meta
+                .weight_versions
+                .iter()
+                .find(|s| s.start <= index && index < s.end)
+                .and_then(|s| parse_version(&s.version))
+                .unwrap_or(default_version);
+            out.push_back(Ok(EngineEvent::Token(SampledToken {
+                id: *id,
+                logprob: logprob.unwrap_or(0.0) as f32,
+                version,
+            })));
+        }
+        self.emitted = total;
+        if let Some(reason) = meta.finish_reason.filter(|r| !r.is_null()) {
+            let kind = reason.get("type").and_then(Value::as_str).unwrap_or("");
+            let finish = match kind {
+                "stop" => FinishReason::Stop {
+                    matched: reason
+                        .get("matched")
+                        .and_then(Value::as_u64)
+                        .and_then(|m| u32::try_from(m).ok()),
+                },
+                "length" => FinishReason::Length,
+                _ => FinishReason::Abort {
+                    message: reason
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or(kind)
+                        .to_string(),
+                },
+            };
+            out.push_back(Ok(EngineEvent::Finished(finish)));
+            self.finished = true;
+        }
+    }
+}
+
+struct StreamState {
+    inner: Arc<Inner>,
+    body: Option<Bytes>,
+    incoming: Option<hyper::body::Incoming>,
+    buf: BytesMut,
+    pending: VecDeque<Result<EngineEvent, EngineError>>,
+    decoder: Decoder,
+    streaming: bool,
+}
+
+impl StreamState {
+    async fn next(&mut self) -> Option<Result<EngineEvent, EngineError>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            if self.decoder.finished {
+                return None;
+            }
+            let Some(incoming) = self.incoming.as_mut() else {
+                let body = self.body.take()?;
+                match self.inner.send(Method::POST, "/generate", body).await {
+                    Ok(incoming) => self.incoming = Some(incoming),
+                    Err(e) => {
+                        self.decoder.finished = true;
+                        return Some(Err(e));
+                    }
+                }
+                continue;
+            };
+            match incoming.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                    if self.streaming {
+                        self.drain_events();
+                    }
+                }
+                Some(Err(e)) => {
+                    self.decoder.finished = true;
+                    return Some(Err(EngineError::Transport(format!("/generate: {e}"))));
+                }
+                None => {
+                    if !self.streaming {
+                        let body = std::mem::take(&mut self.buf);
+                        self.decoder.chunk(&body, &mut self.pending);
+                    } else {
+                        self.drain_events();
+                    }
+                    if !self.decoder.finished && self.pending.is_empty() {
+                        self.decoder.finished = true;
+                        return Some(Err(EngineError::Protocol(
+                            "/generate ended before the generation finished".into(),
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    fn drain_events(&mut self) {
+        while let Some(end) = find_event_end(&self.buf) {
+            let event = self.buf.split_to(end.0);
+            let _separator = self.buf.split_to(end.1);
+            for line in event[..].split(|b: &u8| *b == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let Some(data) = line.strip_prefix(b"data:") else {
+                    continue;
+                };
+                let data = data.strip_prefix(b" ").unwrap_or(data);
+                if data == b"[DONE]" || self.decoder.finished {
+                    continue;
+                }
+                self.decoder.chunk(data, &mut self.pending);
+            }
+        }
+    }
+}
+
+/// The end of the first SSE event in `buf`: (event length, separator length).
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        if buf[i] == b'\n' && buf[i + 1] == b'\n' {
+            return Some((i, 2));
+        }
+        if buf[i] == b'\r'
+            && buf[i + 1] == b'\n'
+            && buf.get(i + 2) == Some(&b'\r')
+            && buf.get(i + 3) == Some(&b'\n')
+        {
+            return Some((i, 4));
+        }
+        i += 1;
+    }
+    None
+}
+
+impl InferenceEngine for SglangEngine {
+    fn generate(&self, request: GenerateRequest) -> TokenStream {
+        let sampling = &request.sampling;
+        let wire = WireGenerate {
+            input_ids: &request.input_ids,
+            sampling_params: WireSampling {
+                temperature: sampling.temperature,
+                top_p: sampling.top_p,
+                top_k: sampling.top_k,
+                max_new_tokens: sampling.max_new_tokens,
+                stop_token_ids: &sampling.stop_token_ids,
+                sampling_seed: sampling.seed,
+                skip_special_tokens: false,
+                no_stop_trim: true,
+            },
+            return_logprob: true,
+            stream: self.inner.stream,
+            image_data: &request.images,
+        };
+        let body = match serde_json::to_vec(&wire) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => {
+                let error = EngineError::Internal(format!("encoding /generate: {e}"));
+                return Box::pin(stream::once(async move { Err(error) }));
+            }
+        };
+        let state = StreamState {
+            inner: self.inner.clone(),
+            body: Some(body),
+            incoming: None,
+            buf: BytesMut::new(),
+            pending: VecDeque::new(),
+            decoder: Decoder {
+                emitted: 0,
+                fallback_version: self.inner.version.load(Ordering::Relaxed),
+                finished: false,
+            },
+            streaming: self.inner.stream,
+        };
+        Box::pin(stream::unfold(state, |mut st| async move {
+            let event = st.next().await?;
+            Some((event, st))
+        }))
+    }
+
+    fn max_context_len(&self) -> usize {
+        self.inner.max_context_len
+    }
+
+    fn supports_images(&self) -> bool {
+        self.inner.supports_images
+    }
+
+    fn update_weights_from_disk(&self, update: WeightUpdate) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            let mut body = serde_json::json!({"model_path": update.path});
+            if let (Some(v), Some(obj)) = (update.version, body.as_object_mut()) {
+                obj.insert("weight_version".into(), Value::String(v.to_string()));
+            }
+            let answer = self
+                .inner
+                .call(
+                    Method::POST,
+                    "/update_weights_from_disk",
+                    Bytes::from(body.to_string()),
+                )
+                .await?;
+            let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+            if answer.get("success").and_then(Value::as_bool) == Some(false) {
+                let message = answer
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no message");
+                return Err(EngineError::Internal(format!("weight update failed: {message}")));
+            }
+            let next = update
+                .version
+                .unwrap_or_else(|| self.inner.version.load(Ordering::Relaxed) + 1);
+            self.inner.version.store(next, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    fn flush_cache(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            self.inner
+                .call(Method::POST, "/flush_cache", Bytes::new())
+                .await?;
+            Ok(())
+        })
+    }
+}

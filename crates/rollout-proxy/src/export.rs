@@ -1,0 +1,117 @@
+//! The trajectory export format: what `POST /export_trajectories` answers, as JSON.
+//!
+//! # Request
+//!
+//! ```json
+//! {"session_id": "17:3-5f0c...", "style": "concat", "discount": 1.0, "drop_retry_orphans": false,
+//!  "final_reward": 0.75, "wait_timeout_seconds": 60}
+//! ```
+//!
+//! Only `session_id` is required (422 without it). `style` is `individual` (default: one trajectory per
+//! interaction) or `concat` (one per leaf of the interaction tree). `final_reward`, when given, becomes the
+//! reward of the newest interaction before discounting. The export waits for `end_session` for at most
+//! `wait_timeout_seconds` (default: the server's `export_wait_timeout`), then answers 409.
+//!
+//! # Answer: [`ExportedSession`]
+//!
+//! Every trajectory is one token sequence with four parallel arrays of the same length:
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `token_ids` | the prompt and output tokens, exactly as the engine saw and sampled them |
+//! | `loss_mask` | 1 on tokens the policy sampled (for `individual`, only this interaction's own output), 0 on prompt, tool and template tokens |
+//! | `logprobs` | the sampling log-probability of each sampled token, 0.0 elsewhere |
+//! | `versions` | the policy version that sampled each sampled token, -1 elsewhere |
+//!
+//! In `concat` style each leaf is a complete sequence: a prefix shared by several leaves (a turn that was
+//! retried, or branched) appears in full in every leaf that extends it, as in the reference. Rewards are
+//! discounted once over the session's interactions from newest to oldest (`r_i += discount * r_{i+1}`,
+//! unset rewards count as 0); `reward` is the discounted value and `original_reward` the value as set.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How to cut a session into trajectories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportStyle {
+    /// One trajectory per interaction, its loss mask on its own output only.
+    #[default]
+    Individual,
+    /// One trajectory per leaf of the interaction tree, its loss mask on every sampled token of the chain.
+    Concat,
+}
+
+/// How to export (the body of `POST /export_trajectories` less the session and the wait).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportOptions {
+    /// The style.
+    pub style: ExportStyle,
+    /// The reward discount `γ`.
+    pub discount: f64,
+    /// Drop retried requests nothing built on (identical-input duplicates).
+    pub drop_retry_orphans: bool,
+    /// Overrides the newest interaction's reward before discounting.
+    pub final_reward: Option<f64>,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        Self {
+            style: ExportStyle::Individual,
+            discount: 1.0,
+            drop_retry_orphans: false,
+            final_reward: None,
+        }
+    }
+}
+
+/// A session's export.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportedSession {
+    /// The session.
+    pub session_id: String,
+    /// The task id it was started with.
+    pub task_id: String,
+    /// The style used.
+    pub style: ExportStyle,
+    /// The discount used.
+    pub discount: f64,
+    /// Whether a request of the session overflowed the context window.
+    pub context_overflow: bool,
+    /// Whether the proxy or engine failed on a request of the session.
+    pub system_error: bool,
+    /// How many interactions the session recorded (before orphan dropping).
+    pub interaction_count: usize,
+    /// The trajectories, oldest first.
+    pub trajectories: Vec<ExportedTrajectory>,
+}
+
+/// One token-exact trajectory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportedTrajectory {
+    /// The session.
+    pub session_id: String,
+    /// The interaction (completion id as the client saw it) this trajectory ends with.
+    pub interaction_id: String,
+    /// Every interaction of the chain, root first, this one last.
+    pub interaction_ids: Vec<String>,
+    /// Prompt and output tokens.
+    pub token_ids: Vec<u32>,
+    /// 1 on sampled tokens that train, else 0.
+    pub loss_mask: Vec<u8>,
+    /// Sampling log-probabilities (0.0 where not sampled).
+    pub logprobs: Vec<f32>,
+    /// Policy versions (-1 where not sampled).
+    pub versions: Vec<i64>,
+    /// Tokens before the first token this trajectory trains on.
+    pub prompt_len: usize,
+    /// The reward after discounting.
+    pub reward: f64,
+    /// The reward as set (0 when never set).
+    pub original_reward: f64,
+    /// Why the last interaction's generation ended: `stop`, `length` or `tool_calls`.
+    pub finish_reason: String,
+    /// The session's metadata from `start_session`.
+    pub metadata: Value,
+}

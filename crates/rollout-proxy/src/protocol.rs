@@ -1,0 +1,119 @@
+//! The wire protocols served on the generation core, and what they share: reading a JSON body field by
+//! field with clear errors, and turning messages into the core's normalised form.
+
+pub(crate) mod chat;
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::messages::normalize_messages;
+use crate::server::ProxyState;
+
+/// Parses a JSON object body; a body that is not JSON, or not an object, is 422 (as FastAPI answers).
+pub(crate) fn json_object(headers: &HeaderMap, body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    if let Some(ct) = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        && !ct.to_ascii_lowercase().contains("json")
+    {
+        return Err(ApiError::unprocessable(format!(
+            "Content-Type must be application/json, got {ct:?}"
+        )));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::unprocessable("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::unprocessable(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
+    }
+}
+
+/// Takes field `name` out of `map` as a `T`; null counts as absent.
+pub(crate) fn take<T: DeserializeOwned>(
+    map: &mut Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    match map.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(|e| ApiError::invalid(format!("{name} is invalid: {e}")).with_param(name)),
+    }
+}
+
+/// Stop strings given as a string or a list of strings.
+pub(crate) fn stop_strings(value: Option<Value>, name: &str) -> Result<Vec<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s]),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(
+                    ApiError::invalid(format!("{name} must be a string or a list of strings"))
+                        .with_param(name),
+                ),
+            })
+            .collect(),
+        Some(_) => {
+            Err(ApiError::invalid(format!("{name} must be a string or a list of strings")).with_param(name))
+        }
+    }
+}
+
+const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+
+/// Checks roles, normalises content (reference section 6.5) and applies the configured preprocessors.
+pub(crate) fn normalise(state: &ProxyState, mut messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
+    if let Err(index) = normalize_messages(&mut messages) {
+        return Err(ApiError::invalid(format!("messages[{index}] must be an object")).with_param("messages"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        match m.get("role").and_then(Value::as_str) {
+            Some(role) if ROLES.contains(&role) => {}
+            Some(role) => {
+                return Err(ApiError::invalid(format!(
+                    "messages[{i}].role {role:?} is not one of {ROLES:?}"
+                ))
+                .with_param("messages"));
+            }
+            None => {
+                return Err(ApiError::invalid(format!("messages[{i}] has no role")).with_param("messages"));
+            }
+        }
+    }
+    for p in &state.shared().preprocessors {
+        p.apply(&mut messages);
+    }
+    Ok(messages)
+}
+
+/// Warns about request fields this proxy ignores, unless they hold their default.
+pub(crate) fn warn_ignored(map: &Map<String, Value>, endpoint: &str) {
+    for (k, v) in map {
+        let default = matches!(v, Value::Null | Value::Bool(false))
+            || v.as_f64() == Some(0.0)
+            || (k == "n" && v.as_u64() == Some(1))
+            || v.as_array().is_some_and(Vec::is_empty)
+            || v.as_object().is_some_and(Map::is_empty);
+        if !default {
+            tracing::debug!(
+                endpoint,
+                field = k.as_str(),
+                "ignoring an unsupported request field"
+            );
+        }
+    }
+}
+
+/// The session a generation request is bound to.
+pub(crate) fn session_of(state: &ProxyState, headers: &HeaderMap) -> Result<Arc<str>, ApiError> {
+    state.generation_session(headers)
+}

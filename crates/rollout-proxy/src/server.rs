@@ -1,0 +1,433 @@
+//! The proxy's configuration and shared state, its router, and serving it (with a sweeper for idle
+//! sessions and graceful shutdown) without callers having to name the HTTP stack.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant as StdInstant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use secrecy::{ExposeSecret, SecretString};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::auth::{self, DEFAULT_ADMIN_KEY};
+use crate::control;
+use crate::engine::InferenceEngine;
+use crate::error::{ApiError, ApiErrorKind, Error, Result};
+use crate::messages::{Preprocessor, preprocessor};
+use crate::metrics::{Gauges, Metrics};
+use crate::model::ChatModel;
+use crate::parse::{ReasoningFormat, ToolCallFormat};
+use crate::protocol;
+use crate::session::{SessionLimits, SessionStore};
+
+/// How the proxy behaves.
+#[derive(Clone)]
+pub struct ProxyConfig {
+    /// The admin key (control endpoints); the gateway key and session tokens derive from it.
+    pub admin_key: SecretString,
+    /// Allow the public default admin key on a non-loopback bind (never do this outside a sandbox).
+    pub allow_default_admin_key: bool,
+    /// The model name answered when a request names none (default: the model folder's name).
+    pub model_name: Option<String>,
+    /// How reasoning appears in outputs.
+    pub reasoning: ReasoningFormat,
+    /// How tool calls appear in outputs.
+    pub tool_calls: ToolCallFormat,
+    /// Message preprocessors, by name (see [`crate::messages::PREPROCESSORS`]), applied in order.
+    pub preprocessors: Vec<String>,
+    /// Bounds on sessions and stored tokens.
+    pub limits: SessionLimits,
+    /// Require `grant_capacity` before each `start_session`, as the reference does.
+    pub capacity_grants: bool,
+    /// A keep-alive is sent on a silent stream after this long.
+    pub ping_interval: Duration,
+    /// How long `export_trajectories` waits for `end_session` unless the request says.
+    pub export_wait_timeout: Duration,
+    /// How often idle sessions are swept.
+    pub sweep_interval: Duration,
+    /// The generation limit when a request sets none (default: the rest of the context window).
+    pub default_max_new_tokens: Option<u32>,
+}
+
+impl std::fmt::Debug for ProxyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyConfig")
+            .field("admin_key", &"<redacted>")
+            .field("model_name", &self.model_name)
+            .field("reasoning", &self.reasoning)
+            .field("tool_calls", &self.tool_calls)
+            .field("preprocessors", &self.preprocessors)
+            .field("limits", &self.limits)
+            .field("capacity_grants", &self.capacity_grants)
+            .field("ping_interval", &self.ping_interval)
+            .field("export_wait_timeout", &self.export_wait_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxyConfig {
+    /// Defaults around `admin_key`.
+    pub fn new(admin_key: SecretString) -> Self {
+        Self {
+            admin_key,
+            allow_default_admin_key: false,
+            model_name: None,
+            reasoning: ReasoningFormat::Think,
+            tool_calls: ToolCallFormat::Hermes,
+            preprocessors: Vec::new(),
+            limits: SessionLimits::default(),
+            capacity_grants: true,
+            ping_interval: Duration::from_secs(15),
+            export_wait_timeout: Duration::from_secs(600),
+            sweep_interval: Duration::from_secs(30),
+            default_max_new_tokens: None,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: ProxyConfig,
+    pub(crate) model: Arc<ChatModel>,
+    pub(crate) engine: Arc<dyn InferenceEngine>,
+    pub(crate) store: Mutex<SessionStore>,
+    pub(crate) metrics: Metrics,
+    pub(crate) gateway_key: SecretString,
+    pub(crate) preprocessors: Vec<Arc<dyn Preprocessor>>,
+    model_name: String,
+}
+
+/// The proxy's state, cheap to clone; [`router`] serves it.
+#[derive(Clone)]
+pub struct ProxyState {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ProxyState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyState")
+            .field("config", &self.shared.config)
+            .field("model", &self.shared.model_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Who a request is from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Admin,
+    Session(Arc<str>),
+}
+
+impl ProxyState {
+    /// State for serving `model` through `engine`.
+    pub fn new(config: ProxyConfig, model: Arc<ChatModel>, engine: Arc<dyn InferenceEngine>) -> Result<Self> {
+        let mut preprocessors = Vec::new();
+        for name in &config.preprocessors {
+            preprocessors.push(preprocessor(name).ok_or_else(|| {
+                Error::Config(format!(
+                    "unknown preprocessor {name:?}; known: {:?}",
+                    crate::messages::PREPROCESSORS
+                ))
+            })?);
+        }
+        if config.admin_key.expose_secret().is_empty() {
+            return Err(Error::Config("the admin key must not be empty".into()));
+        }
+        if engine.max_context_len() < 2 {
+            return Err(Error::Config(
+                "the engine's context window must hold at least 2 tokens".into(),
+            ));
+        }
+        let model_name = config.model_name.clone().unwrap_or_else(|| model.name.clone());
+        let store = SessionStore::new(config.limits.clone(), config.capacity_grants);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                gateway_key: auth::gateway_key(&config.admin_key),
+                config,
+                model,
+                engine,
+                store: Mutex::new(store),
+                metrics: Metrics::default(),
+                preprocessors,
+                model_name,
+            }),
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub(crate) fn store(&self) -> MutexGuard<'_, SessionStore> {
+        self.shared
+            .store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The model name answered when a request names none.
+    pub fn model_name(&self) -> &str {
+        &self.shared.model_name
+    }
+
+    /// The generation-only gateway key (hand this, never the admin key, to a gateway).
+    pub fn gateway_key(&self) -> SecretString {
+        self.shared.gateway_key.clone()
+    }
+
+    /// The session token of `session_id` for gateway requests (`X-Session-Token`).
+    pub fn session_token(&self, session_id: &str) -> SecretString {
+        auth::session_token(&self.shared.gateway_key, session_id)
+    }
+
+    /// Drops sessions idle past the session timeout; answers how many.
+    pub fn sweep(&self) -> usize {
+        let expired = self.store().sweep(Instant::now());
+        Metrics::add(&self.shared.metrics.sessions_expired, expired.len() as u64);
+        for id in &expired {
+            tracing::info!(session = &**id, "session expired after idling");
+        }
+        expired.len()
+    }
+
+    /// Sweeps idle sessions every `sweep_interval` until the state is dropped.
+    pub fn spawn_sweeper(&self) -> JoinHandle<()> {
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        let interval = self.shared.config.sweep_interval;
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                let Some(shared) = weak.upgrade() else { break };
+                ProxyState { shared }.sweep();
+            }
+        })
+    }
+
+    /// The admin check of control endpoints: the first credential must be the admin key.
+    pub(crate) fn require_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let creds = auth::credentials(headers);
+        let first = creds
+            .first()
+            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthenticated, "missing API key"))?;
+        if auth::secrets_equal(first, &self.shared.config.admin_key) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ApiErrorKind::PermissionDenied,
+                "the admin key is required",
+            ))
+        }
+    }
+
+    /// Who calls a session endpoint (`set_reward`, `end_session`): the admin, or a session by its key.
+    /// Gateway keys are refused (403): they may only generate.
+    pub(crate) fn session_caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let creds = auth::credentials(headers);
+        if creds.is_empty() {
+            return Err(ApiError::new(ApiErrorKind::Unauthenticated, "missing API key"));
+        }
+        if creds
+            .iter()
+            .any(|c| auth::secrets_equal(c, &self.shared.gateway_key))
+        {
+            return Err(ApiError::new(
+                ApiErrorKind::PermissionDenied,
+                "gateway keys are generation-only",
+            ));
+        }
+        if auth::secrets_equal(&creds[0], &self.shared.config.admin_key) {
+            return Ok(Caller::Admin);
+        }
+        let store = self.store();
+        creds
+            .iter()
+            .find_map(|c| store.session_for_key(c))
+            .map(Caller::Session)
+            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthenticated, "invalid or inactive session key"))
+    }
+
+    /// The session a generation request belongs to: by its session key, or by the gateway key plus
+    /// `X-Session-Id` and a matching `X-Session-Token`.
+    pub(crate) fn generation_session(&self, headers: &HeaderMap) -> Result<Arc<str>, ApiError> {
+        let creds = auth::credentials(headers);
+        if creds.is_empty() {
+            return Err(ApiError::new(ApiErrorKind::Unauthenticated, "missing API key"));
+        }
+        if creds
+            .iter()
+            .any(|c| auth::secrets_equal(c, &self.shared.gateway_key))
+        {
+            let unauthorised = || ApiError::new(ApiErrorKind::Unauthenticated, "invalid session id or token");
+            let id = headers
+                .get("x-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .ok_or_else(unauthorised)?;
+            let token = headers
+                .get("x-session-token")
+                .and_then(|v| v.to_str().ok())
+                .map(|t| SecretString::from(t.trim().to_string()))
+                .ok_or_else(unauthorised)?;
+            if !auth::secrets_equal(&token, &auth::session_token(&self.shared.gateway_key, id)) {
+                return Err(unauthorised());
+            }
+            let mut store = self.store();
+            return match store.get_mut(id) {
+                Ok(s) if !s.ended => Ok(s.id.clone()),
+                _ => Err(unauthorised()),
+            };
+        }
+        let store = self.store();
+        creds
+            .iter()
+            .find_map(|c| store.session_for_key(c))
+            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthenticated, "invalid or inactive session key"))
+    }
+
+    pub(crate) fn gauges(&self) -> Gauges {
+        let store = self.store();
+        Gauges {
+            live_sessions: store.live_sessions(),
+            stored_tokens: store.stored_tokens(),
+            reserved_tokens: store.reserved_tokens(),
+        }
+    }
+}
+
+fn endpoint_label(path: &str) -> &'static str {
+    match path {
+        "/chat/completions" | "/v1/chat/completions" => "chat_completions",
+        "/rl/start_session" => "start_session",
+        "/rl/set_reward" => "set_reward",
+        "/rl/end_session" => "end_session",
+        "/export_trajectories" => "export_trajectories",
+        "/grant_capacity" => "grant_capacity",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        "/v1/models" | "/models" => "models",
+        _ => "other",
+    }
+}
+
+async fn track(State(state): State<ProxyState>, request: Request, next: Next) -> Response {
+    let label = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("other", |p| endpoint_label(p.as_str()));
+    let start = StdInstant::now();
+    let response = next.run(request).await;
+    let metrics = &state.shared.metrics;
+    metrics.request(label, response.status().as_u16(), start.elapsed());
+    if let Some(kind) = response.extensions().get::<ApiErrorKind>() {
+        metrics.error(kind.label());
+    }
+    response
+}
+
+/// The proxy's router: control endpoints, Chat Completions, health and metrics.
+pub fn router(state: ProxyState) -> Router {
+    Router::new()
+        .route("/health", get(control::health))
+        .route("/metrics", get(control::metrics))
+        .route("/v1/models", get(control::models))
+        .route("/models", get(control::models))
+        .route("/grant_capacity", post(control::grant_capacity))
+        .route("/rl/start_session", post(control::start_session))
+        .route("/rl/set_reward", post(control::set_reward))
+        .route("/rl/end_session", post(control::end_session))
+        .route("/export_trajectories", post(control::export_trajectories))
+        .route("/chat/completions", post(protocol::chat::handler))
+        .route("/v1/chat/completions", post(protocol::chat::handler))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+        .with_state(state)
+}
+
+/// Refuses the public default admin key on a non-loopback address unless explicitly allowed.
+pub fn check_bind(addr: &SocketAddr, config: &ProxyConfig) -> Result<()> {
+    let is_default = config.admin_key.expose_secret() == DEFAULT_ADMIN_KEY;
+    if is_default && !addr.ip().is_loopback() && !config.allow_default_admin_key {
+        return Err(Error::Config(format!(
+            "refusing to listen on {addr} with the public default admin key; set a private admin key"
+        )));
+    }
+    Ok(())
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then finishes open requests.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// A running server: its address, and a handle to stop it.
+#[derive(Debug)]
+pub struct ProxyServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+    sweeper: Option<JoinHandle<()>>,
+}
+
+impl ProxyServer {
+    /// Binds `addr` (port 0 picks a free port) and serves the proxy for `state`, sweeping idle sessions.
+    pub async fn start(addr: SocketAddr, state: ProxyState) -> Result<Self> {
+        check_bind(&addr, &state.shared.config)?;
+        let sweeper = state.spawn_sweeper();
+        let mut server = Self::serve_router(addr, router(state)).await?;
+        server.sweeper = Some(sweeper);
+        Ok(server)
+    }
+
+    /// Binds `addr` and serves any router (for instance [`crate::engine::generate_router`]).
+    pub async fn serve_router(addr: SocketAddr, router: Router) -> Result<Self> {
+        let listener = TcpListener::bind(addr).await.map_err(Error::Serve)?;
+        let addr = listener.local_addr().map_err(Error::Serve)?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, router, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            addr,
+            stop: Some(stop),
+            task,
+            sweeper: None,
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, finishes open requests, and returns.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(sweeper) = self.sweeper.take() {
+            sweeper.abort();
+        }
+        match (&mut self.task).await {
+            Ok(result) => result.map_err(Error::Serve),
+            Err(e) => Err(Error::Serve(std::io::Error::other(e.to_string()))),
+        }
+    }
+}

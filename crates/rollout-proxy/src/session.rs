@@ -1,0 +1,375 @@
+//! The session store: sessions, their keys, capacity grants and admission, idle expiry and tombstones.
+//!
+//! It is a plain data structure with no IO and no clock of its own: every operation that depends on time
+//! takes `now`, so tests drive it deterministically and the server drives it from a timer.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde_json::{Map, Value};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::auth;
+use crate::error::{ApiError, ApiErrorKind};
+use crate::trajectory::{Interaction, Trajectory};
+
+/// Bounds on what the store holds.
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// The most sessions held at once (live or ended but not yet exported).
+    pub max_sessions: usize,
+    /// The most tokens held at once across all sessions, counting tokens reserved by running generations.
+    pub max_stored_tokens: u64,
+    /// A session idle this long (no request, no generation running) is dropped.
+    pub session_timeout: Duration,
+    /// How many ended ids are remembered so that late requests get 410 rather than 404.
+    pub max_tombstones: usize,
+    /// What a 429 tells clients to wait, in seconds.
+    pub retry_after_seconds: u64,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 4096,
+            max_stored_tokens: 256 * 1024 * 1024,
+            session_timeout: Duration::from_secs(7200),
+            max_tombstones: 65_536,
+            retry_after_seconds: 1,
+        }
+    }
+}
+
+/// Why a session is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tombstone {
+    Exported,
+    Expired,
+}
+
+/// One session.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) id: Arc<str>,
+    pub(crate) task_id: String,
+    key_digest: [u8; 32],
+    pub(crate) ended: bool,
+    ended_tx: watch::Sender<bool>,
+    pub(crate) trajectory: Trajectory,
+    pub(crate) context_overflow: Option<String>,
+    pub(crate) system_error: Option<String>,
+    pub(crate) last_activity: Instant,
+    pub(crate) in_flight: u32,
+    pub(crate) metadata: Value,
+    pub(crate) generation_defaults: Map<String, Value>,
+    pub(crate) stored_tokens: u64,
+    pub(crate) requests: u64,
+}
+
+/// What `end_session` reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct EndSummary {
+    pub(crate) message: &'static str,
+    pub(crate) session_id: String,
+    pub(crate) interaction_count: usize,
+    pub(crate) context_overflow: bool,
+    pub(crate) context_overflow_message: Option<String>,
+    pub(crate) system_error: bool,
+    pub(crate) system_error_message: Option<String>,
+}
+
+/// All sessions.
+#[derive(Debug)]
+pub(crate) struct SessionStore {
+    limits: SessionLimits,
+    capacity: Option<i64>,
+    sessions: HashMap<Arc<str>, Session>,
+    keys: HashMap<[u8; 32], Arc<str>>,
+    tombstones: HashMap<Arc<str>, Tombstone>,
+    tombstone_order: VecDeque<Arc<str>>,
+    stored_tokens: u64,
+    reserved_tokens: u64,
+}
+
+/// Session ids may only hold these characters, so they survive headers and the agent's id pattern.
+fn valid_task_id(task_id: &str) -> bool {
+    !task_id.is_empty()
+        && task_id.len() <= 160
+        && task_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
+        && task_id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
+impl SessionStore {
+    /// A store with `limits`; with `grants`, sessions may only start against capacity granted by
+    /// `grant_capacity` (the reference's behaviour).
+    pub(crate) fn new(limits: SessionLimits, grants: bool) -> Self {
+        Self {
+            limits,
+            capacity: grants.then_some(0),
+            sessions: HashMap::new(),
+            keys: HashMap::new(),
+            tombstones: HashMap::new(),
+            tombstone_order: VecDeque::new(),
+            stored_tokens: 0,
+            reserved_tokens: 0,
+        }
+    }
+
+    fn rate_limited(&self, message: impl Into<String>) -> ApiError {
+        ApiError::new(ApiErrorKind::RateLimited, message).with_retry_after(self.limits.retry_after_seconds)
+    }
+
+    /// Adds `count` to the capacity; answers the new capacity (`None` when grants are off).
+    pub(crate) fn grant(&mut self, count: i64) -> Option<i64> {
+        if let Some(c) = self.capacity.as_mut() {
+            *c += count;
+        }
+        self.capacity
+    }
+
+    pub(crate) fn live_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub(crate) fn stored_tokens(&self) -> u64 {
+        self.stored_tokens
+    }
+
+    pub(crate) fn reserved_tokens(&self) -> u64 {
+        self.reserved_tokens
+    }
+
+    /// Starts a session for `task_id` with `api_key` (or a fresh random one).
+    pub(crate) fn start(
+        &mut self,
+        task_id: &str,
+        api_key: Option<SecretString>,
+        admin_key: &SecretString,
+        metadata: Value,
+        now: Instant,
+    ) -> Result<(Arc<str>, SecretString), ApiError> {
+        if !valid_task_id(task_id) {
+            return Err(ApiError::invalid(
+                "task_id must be 1-160 characters of letters, digits, '_', '.', ':' and '-', starting with a letter or digit",
+            )
+            .with_param("task_id"));
+        }
+        if self.capacity.is_some_and(|c| c <= 0) {
+            return Err(self.rate_limited("no rollout capacity granted; call /grant_capacity first"));
+        }
+        if self.sessions.len() >= self.limits.max_sessions {
+            return Err(self.rate_limited(format!(
+                "the proxy holds its maximum of {} sessions",
+                self.limits.max_sessions
+            )));
+        }
+        let key = match api_key {
+            Some(key) => {
+                if auth::secrets_equal(&key, admin_key) {
+                    return Err(ApiError::invalid("api_key must not be the admin key").with_param("api_key"));
+                }
+                if self.keys.contains_key(&auth::digest(&key)) {
+                    return Err(ApiError::new(
+                        ApiErrorKind::Conflict,
+                        "api_key is bound to a session that has not ended",
+                    )
+                    .with_param("api_key"));
+                }
+                key
+            }
+            None => auth::random_key(),
+        };
+        let generation_defaults = metadata
+            .get("generation_args")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let id: Arc<str> = loop {
+            let candidate: Arc<str> = format!("{task_id}-{}", auth::random_hex(8)).into();
+            if !self.sessions.contains_key(&candidate) && !self.tombstones.contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        let digest = auth::digest(&key);
+        let (ended_tx, _) = watch::channel(false);
+        self.keys.insert(digest, id.clone());
+        self.sessions.insert(
+            id.clone(),
+            Session {
+                id: id.clone(),
+                task_id: task_id.to_string(),
+                key_digest: digest,
+                ended: false,
+                ended_tx,
+                trajectory: Trajectory::default(),
+                context_overflow: None,
+                system_error: None,
+                last_activity: now,
+                in_flight: 0,
+                metadata,
+                generation_defaults,
+                stored_tokens: 0,
+                requests: 0,
+            },
+        );
+        if let Some(c) = self.capacity.as_mut() {
+            *c -= 1;
+        }
+        Ok((id, key))
+    }
+
+    /// The live session a session key belongs to (keys stop working at `end_session`).
+    pub(crate) fn session_for_key(&self, key: &SecretString) -> Option<Arc<str>> {
+        self.keys.get(&auth::digest(key)).cloned()
+    }
+
+    /// The session `id`, or 410 when it is gone and 404 when it never existed.
+    pub(crate) fn get_mut(&mut self, id: &str) -> Result<&mut Session, ApiError> {
+        if let Some(reason) = self.tombstones.get(id) {
+            return Err(gone(id, *reason));
+        }
+        self.sessions
+            .get_mut(id)
+            .ok_or_else(|| ApiError::new(ApiErrorKind::NotFound, format!("unknown session {id:?}")))
+    }
+
+    /// The session `id` if it exists and has not ended (generation needs that).
+    pub(crate) fn active_mut(&mut self, id: &str, now: Instant) -> Result<&mut Session, ApiError> {
+        let session = self.get_mut(id)?;
+        if session.ended {
+            return Err(ApiError::new(
+                ApiErrorKind::Gone,
+                format!("session {id:?} has ended"),
+            ));
+        }
+        session.last_activity = now;
+        Ok(session)
+    }
+
+    /// Reserves room for a generation of up to `tokens` new tokens in session `id`.
+    pub(crate) fn admit(&mut self, id: &str, tokens: u64, now: Instant) -> Result<(), ApiError> {
+        let used = self.stored_tokens + self.reserved_tokens;
+        if used + tokens > self.limits.max_stored_tokens {
+            return Err(self.rate_limited(format!(
+                "the proxy holds {used} of its {} token budget",
+                self.limits.max_stored_tokens
+            )));
+        }
+        let session = self.active_mut(id, now)?;
+        session.in_flight += 1;
+        session.requests += 1;
+        self.reserved_tokens += tokens;
+        Ok(())
+    }
+
+    /// Ends a generation admitted with `reserved` tokens, recording `interaction` when there is one and the
+    /// session still exists. Answers whether it was recorded.
+    pub(crate) fn complete(
+        &mut self,
+        id: &str,
+        reserved: u64,
+        interaction: Option<Interaction>,
+        now: Instant,
+    ) -> bool {
+        self.reserved_tokens = self.reserved_tokens.saturating_sub(reserved);
+        let Some(session) = self.sessions.get_mut(id) else {
+            return false;
+        };
+        session.in_flight = session.in_flight.saturating_sub(1);
+        session.last_activity = now;
+        let Some(interaction) = interaction else {
+            return false;
+        };
+        let tokens = interaction.stored_tokens();
+        session.stored_tokens += tokens;
+        session.trajectory.push(interaction);
+        self.stored_tokens += tokens;
+        true
+    }
+
+    /// Ends session `id`: its key stops working and exports waiting on it go ahead.
+    pub(crate) fn end(&mut self, id: &str, now: Instant) -> Result<EndSummary, ApiError> {
+        let session = self.get_mut(id)?;
+        session.ended = true;
+        session.last_activity = now;
+        let _ = session.ended_tx.send(true);
+        let digest = session.key_digest;
+        let summary = EndSummary {
+            message: "success",
+            session_id: session.id.to_string(),
+            interaction_count: session.trajectory.len(),
+            context_overflow: session.context_overflow.is_some(),
+            context_overflow_message: session.context_overflow.clone(),
+            system_error: session.system_error.is_some(),
+            system_error_message: session.system_error.clone(),
+        };
+        if self.keys.get(&digest).is_some_and(|owner| &**owner == id) {
+            self.keys.remove(&digest);
+        }
+        Ok(summary)
+    }
+
+    /// A receiver that turns true when session `id` ends.
+    pub(crate) fn ended_watch(&mut self, id: &str) -> Result<watch::Receiver<bool>, ApiError> {
+        Ok(self.get_mut(id)?.ended_tx.subscribe())
+    }
+
+    /// Removes session `id` for export.
+    pub(crate) fn take(&mut self, id: &str) -> Result<Session, ApiError> {
+        self.get_mut(id)?;
+        let session = self.remove(id, Tombstone::Exported).expect("checked above");
+        Ok(session)
+    }
+
+    fn remove(&mut self, id: &str, reason: Tombstone) -> Option<Session> {
+        let session = self.sessions.remove(id)?;
+        if self
+            .keys
+            .get(&session.key_digest)
+            .is_some_and(|owner| &**owner == id)
+        {
+            self.keys.remove(&session.key_digest);
+        }
+        self.stored_tokens = self.stored_tokens.saturating_sub(session.stored_tokens);
+        let _ = session.ended_tx.send(true);
+        self.tombstones.insert(session.id.clone(), reason);
+        self.tombstone_order.push_back(session.id.clone());
+        while self.tombstone_order.len() > self.limits.max_tombstones {
+            if let Some(old) = self.tombstone_order.pop_front() {
+                self.tombstones.remove(&old);
+            }
+        }
+        Some(session)
+    }
+
+    /// Drops sessions idle for longer than the session timeout with no generation running; answers their ids.
+    pub(crate) fn sweep(&mut self, now: Instant) -> Vec<Arc<str>> {
+        let timeout = self.limits.session_timeout;
+        let stale: Vec<Arc<str>> = self
+            .sessions
+            .values()
+            .filter(|s| s.in_flight == 0 && now.saturating_duration_since(s.last_activity) >= timeout)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in &stale {
+            self.remove(id, Tombstone::Expired);
+        }
+        stale
+    }
+}
+
+fn gone(id: &str, reason: Tombstone) -> ApiError {
+    let why = match reason {
+        Tombstone::Exported => "was exported",
+        Tombstone::Expired => "expired after being idle",
+    };
+    ApiError::new(ApiErrorKind::Gone, format!("session {id:?} {why}"))
+}

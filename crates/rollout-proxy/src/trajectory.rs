@@ -1,0 +1,300 @@
+//! A session's interactions as a tree of token deltas, and their export.
+//!
+//! Each interaction stores only what it added: the prompt tokens after its parent's sequence (the whole
+//! prompt when it has no parent) and the tokens it sampled with their log-probabilities and (run-length
+//! encoded) policy versions. A child's sequence is its parent's followed by its own delta, so no token is
+//! ever re-tokenised and a shared prefix is stored once.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::export::{ExportOptions, ExportStyle, ExportedTrajectory};
+
+/// Why an interaction's generation ended, as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+}
+
+impl Finish {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+/// One recorded generation.
+#[derive(Debug)]
+pub(crate) struct Interaction {
+    pub(crate) id: Box<str>,
+    pub(crate) parent: Option<u32>,
+    pub(crate) prompt_delta: Box<[u32]>,
+    pub(crate) output: Box<[u32]>,
+    pub(crate) logprobs: Box<[f32]>,
+    /// (first output index, version) runs.
+    pub(crate) versions: Box<[(u32, u32)]>,
+    /// The key of the request's messages (identical inputs share it).
+    pub(crate) input_key: u64,
+    /// The key of the request's messages followed by this interaction's output message.
+    pub(crate) chain_key: u64,
+    /// The stop token the output ended with, if it ended with one.
+    pub(crate) stop_token: Option<u32>,
+    pub(crate) finish: Finish,
+    pub(crate) reward: Option<f64>,
+}
+
+impl Interaction {
+    pub(crate) fn stored_tokens(&self) -> u64 {
+        (self.prompt_delta.len() + self.output.len()) as u64
+    }
+
+    fn version_at(&self, index: usize) -> u32 {
+        let run = self
+            .versions
+            .partition_point(|(start, _)| (*start as usize) <= index);
+        run.checked_sub(1).map_or(0, |r| self.versions[r].1)
+    }
+}
+
+/// Run-length encodes per-token versions.
+pub(crate) fn encode_versions(versions: impl IntoIterator<Item = u32>) -> Box<[(u32, u32)]> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for (i, v) in versions.into_iter().enumerate() {
+        if runs.last().is_none_or(|(_, last)| *last != v) {
+            runs.push((i as u32, v));
+        }
+    }
+    runs.into_boxed_slice()
+}
+
+/// A session's interactions, in creation order.
+#[derive(Debug, Default)]
+pub(crate) struct Trajectory {
+    interactions: Vec<Interaction>,
+    by_chain: HashMap<u64, u32>,
+}
+
+/// The parent a new request extends.
+#[derive(Debug, Clone)]
+pub(crate) struct ParentMatch {
+    pub(crate) index: u32,
+    /// How many of the request's messages the parent's messages plus its output cover.
+    pub(crate) covered: usize,
+    /// The parent's full token sequence.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) stop_token: Option<u32>,
+}
+
+impl Trajectory {
+    pub(crate) fn len(&self) -> usize {
+        self.interactions.len()
+    }
+
+    /// The newest interaction whose messages plus output are the longest prefix of a request whose running
+    /// message keys are `chain` (`chain[i]` covers messages `0..=i`).
+    pub(crate) fn find_parent(&self, chain: &[u64]) -> Option<ParentMatch> {
+        for covered in (1..=chain.len()).rev() {
+            if let Some(&index) = self.by_chain.get(&chain[covered - 1]) {
+                let parent = &self.interactions[index as usize];
+                return Some(ParentMatch {
+                    index,
+                    covered,
+                    tokens: self.full_tokens(index),
+                    stop_token: parent.stop_token,
+                });
+            }
+        }
+        None
+    }
+
+    /// The chain of `index`, root first.
+    fn lineage(&self, index: u32) -> Vec<u32> {
+        let mut chain = vec![index];
+        let mut at = index;
+        while let Some(parent) = self.interactions[at as usize].parent {
+            chain.push(parent);
+            at = parent;
+        }
+        chain.reverse();
+        chain
+    }
+
+    /// Every token of `index`'s sequence: its ancestors' deltas and outputs, then its own.
+    pub(crate) fn full_tokens(&self, index: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        for i in self.lineage(index) {
+            let it = &self.interactions[i as usize];
+            out.extend_from_slice(&it.prompt_delta);
+            out.extend_from_slice(&it.output);
+        }
+        out
+    }
+
+    pub(crate) fn push(&mut self, interaction: Interaction) {
+        let index = self.interactions.len() as u32;
+        self.by_chain.insert(interaction.chain_key, index);
+        self.interactions.push(interaction);
+    }
+
+    /// Sets the reward of interaction `id` (the newest when `None`); answers the id it was set on.
+    pub(crate) fn set_reward(&mut self, id: Option<&str>, reward: f64) -> Result<String, String> {
+        let target = match id {
+            None => self
+                .interactions
+                .last_mut()
+                .ok_or("the session has no interactions")?,
+            Some(id) => self
+                .interactions
+                .iter_mut()
+                .find(|i| &*i.id == id)
+                .ok_or_else(|| format!("unknown interaction_id {id:?}"))?,
+        };
+        target.reward = Some(reward);
+        Ok(target.id.to_string())
+    }
+
+    /// Builds the export of this trajectory.
+    pub(crate) fn export(
+        &self,
+        session_id: &str,
+        metadata: &Value,
+        options: &ExportOptions,
+    ) -> Vec<ExportedTrajectory> {
+        let n = self.interactions.len();
+        let mut keep: Vec<bool> = self.interactions.iter().map(|i| !i.output.is_empty()).collect();
+        let mut children = vec![0u32; n];
+        for it in &self.interactions {
+            if let Some(p) = it.parent {
+                children[p as usize] += 1;
+            }
+        }
+        if options.drop_retry_orphans {
+            let mut groups: HashMap<(u64, Option<u32>), Vec<usize>> = HashMap::new();
+            for (i, it) in self.interactions.iter().enumerate() {
+                groups.entry((it.input_key, it.parent)).or_default().push(i);
+            }
+            for members in groups.values().filter(|m| m.len() > 1) {
+                if members.iter().any(|&i| children[i] > 0) {
+                    for &i in members.iter().filter(|&&i| children[i] == 0) {
+                        keep[i] = false;
+                    }
+                } else {
+                    for &i in &members[..members.len() - 1] {
+                        keep[i] = false;
+                    }
+                }
+            }
+        }
+        let kept: Vec<usize> = (0..n).filter(|&i| keep[i]).collect();
+        let mut original: Vec<f64> = self
+            .interactions
+            .iter()
+            .map(|i| i.reward.unwrap_or(0.0))
+            .collect();
+        if let (Some(r), Some(&last)) = (options.final_reward, kept.last()) {
+            original[last] = r;
+        }
+        if let Some(&last) = kept.last()
+            && self.interactions[last].reward.is_none()
+            && options.final_reward.is_none()
+        {
+            tracing::warn!(
+                session_id,
+                "exporting a session whose newest interaction has no reward"
+            );
+        }
+        let mut discounted = original.clone();
+        let mut next: Option<f64> = None;
+        for &i in kept.iter().rev() {
+            if let Some(later) = next {
+                discounted[i] += options.discount * later;
+            }
+            next = Some(discounted[i]);
+        }
+        let mut live_children = vec![0u32; n];
+        for &i in &kept {
+            if let Some(p) = self.interactions[i].parent {
+                live_children[p as usize] += 1;
+            }
+        }
+        kept.iter()
+            .filter(|&&i| options.style == ExportStyle::Individual || live_children[i] == 0)
+            .map(|&i| {
+                self.build(
+                    i as u32,
+                    session_id,
+                    metadata,
+                    options.style,
+                    discounted[i],
+                    original[i],
+                )
+            })
+            .collect()
+    }
+
+    fn build(
+        &self,
+        index: u32,
+        session_id: &str,
+        metadata: &Value,
+        style: ExportStyle,
+        reward: f64,
+        original_reward: f64,
+    ) -> ExportedTrajectory {
+        let lineage = self.lineage(index);
+        let total: usize = lineage
+            .iter()
+            .map(|&i| self.interactions[i as usize].stored_tokens() as usize)
+            .sum();
+        let mut t = ExportedTrajectory {
+            session_id: session_id.to_string(),
+            interaction_id: self.interactions[index as usize].id.to_string(),
+            interaction_ids: lineage
+                .iter()
+                .map(|&i| self.interactions[i as usize].id.to_string())
+                .collect(),
+            token_ids: Vec::with_capacity(total),
+            loss_mask: Vec::with_capacity(total),
+            logprobs: Vec::with_capacity(total),
+            versions: Vec::with_capacity(total),
+            prompt_len: 0,
+            reward,
+            original_reward,
+            finish_reason: self.interactions[index as usize].finish.as_str().to_string(),
+            metadata: metadata.clone(),
+        };
+        let mut first_trained = None;
+        for &i in &lineage {
+            let it = &self.interactions[i as usize];
+            t.token_ids.extend_from_slice(&it.prompt_delta);
+            t.loss_mask
+                .extend(std::iter::repeat_n(0u8, it.prompt_delta.len()));
+            t.logprobs
+                .extend(std::iter::repeat_n(0.0f32, it.prompt_delta.len()));
+            t.versions
+                .extend(std::iter::repeat_n(-1i64, it.prompt_delta.len()));
+            let trains = style == ExportStyle::Concat || i == index;
+            if trains && first_trained.is_none() {
+                first_trained = Some(t.token_ids.len());
+            }
+            t.token_ids.extend_from_slice(&it.output);
+            for (k, lp) in it.logprobs.iter().enumerate() {
+                t.loss_mask.push(u8::from(trains));
+                t.logprobs.push(if trains { *lp } else { 0.0 });
+                t.versions
+                    .push(if trains { i64::from(it.version_at(k)) } else { -1 });
+            }
+        }
+        t.prompt_len = first_trained.unwrap_or(t.token_ids.len());
+        t
+    }
+}
