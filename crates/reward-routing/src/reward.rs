@@ -1,0 +1,135 @@
+//! Reward extraction: the top-level score of a terminal result, then the stream's transform or threshold
+//! (reference section 4.5), and what counts as solved for pass@k.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::outcome::{RowMeta, TaskOutcome};
+use crate::transform::{ResolvedTransform, TransformRegistry};
+
+/// A stream's reward settings, as its configuration gives them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardSettings {
+    /// Binarisation threshold, or the argument handed to the transform; `None` when not configured.
+    pub reward_threshold: Option<f64>,
+    /// The transform's registered name or reference import path; empty for none.
+    pub reward_transform_fn: String,
+}
+
+/// A stream's reward rule, with its transform resolved once (the reference imports it once per agent).
+#[derive(Debug, Clone)]
+pub struct RewardRule {
+    stream: String,
+    threshold: Option<f64>,
+    transform: Option<ResolvedTransform>,
+}
+
+impl RewardRule {
+    /// Resolves `settings` for `stream` against `registry`. An unknown transform or a non-finite threshold is an
+    /// error naming the stream.
+    pub fn new(stream: &str, settings: &RewardSettings, registry: &TransformRegistry) -> Result<Self> {
+        if let Some(value) = settings.reward_threshold
+            && !value.is_finite()
+        {
+            return Err(Error::InvalidThreshold {
+                stream: stream.to_string(),
+                value,
+            });
+        }
+        let name = settings.reward_transform_fn.trim();
+        let transform = if name.is_empty() {
+            None
+        } else {
+            Some(registry.resolve(stream, name)?)
+        };
+        Ok(Self {
+            stream: stream.to_string(),
+            threshold: settings.reward_threshold,
+            transform,
+        })
+    }
+
+    /// The rule of a stream with neither threshold nor transform: the raw score is the reward.
+    pub fn raw(stream: &str) -> Self {
+        Self {
+            stream: stream.to_string(),
+            threshold: None,
+            transform: None,
+        }
+    }
+
+    /// The stream this rule belongs to.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// The configured threshold.
+    pub fn threshold(&self) -> Option<f64> {
+        self.threshold
+    }
+
+    /// The registered name of the transform, if the stream has one.
+    pub fn transform_name(&self) -> Option<&str> {
+        self.transform.as_ref().map(ResolvedTransform::name)
+    }
+
+    /// The training reward of a terminal result: its top-level score (never anything inside `raw`), then the
+    /// rule.
+    pub fn reward_of(&self, outcome: &TaskOutcome, row: &RowMeta) -> Result<f64> {
+        let score = outcome.score.ok_or_else(|| Error::MissingScore {
+            stream: self.stream.clone(),
+            task_id: outcome.task_id.clone(),
+        })?;
+        if !score.is_finite() {
+            return Err(Error::NonFiniteScore {
+                stream: self.stream.clone(),
+                task_id: outcome.task_id.clone(),
+                score,
+            });
+        }
+        self.reward(score, row)
+    }
+
+    /// Applies the rule to a finite score: the transform if configured (given the threshold only when one is
+    /// configured; a non-finite output is an error), else `1.0` at or above the threshold and `0.0` below it,
+    /// else the score itself.
+    pub fn reward(&self, score: f64, row: &RowMeta) -> Result<f64> {
+        if let Some(transform) = &self.transform {
+            let value = transform
+                .transform(score, row, self.threshold)
+                .map_err(|source| Error::TransformFailed {
+                    stream: self.stream.clone(),
+                    transform: transform.name().to_string(),
+                    score,
+                    source,
+                })?;
+            if !value.is_finite() {
+                return Err(Error::NonFiniteReward {
+                    stream: self.stream.clone(),
+                    transform: transform.name().to_string(),
+                    value,
+                });
+            }
+            return Ok(value);
+        }
+        Ok(match self.threshold {
+            Some(threshold) if score >= threshold => 1.0,
+            Some(_) => 0.0,
+            None => score,
+        })
+    }
+
+    /// Whether a reward this rule produced counts as solved for pass@k: with a transform and a threshold, the
+    /// reward must reach the threshold (so partial credit is not a pass); otherwise it must be positive (a
+    /// threshold-only rule has already produced 0 or 1).
+    pub fn is_solved(&self, reward: f64) -> bool {
+        match (&self.transform, self.threshold) {
+            (Some(_), Some(threshold)) => reward >= threshold,
+            _ => reward > 0.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

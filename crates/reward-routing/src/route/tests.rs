@@ -1,0 +1,469 @@
+//! Tests of routing one rollout (reference section 8.1 item 44; 8.2 items 28-30, 35; section 4.4's proxy rules).
+
+use serde_json::{Value, json};
+use stream_config::TaskStatus;
+
+use super::*;
+use crate::outcome::RewardRef;
+
+const CLAUDE_TEXT: &str =
+    "harness: harness agent phase exited with code 1; harness: agent phase error: claude reported error";
+
+fn row() -> RowMeta {
+    RowMeta {
+        data_id: "row-9".into(),
+        stream_name: "astra".into(),
+        stream_id: "stream-astra".into(),
+        task_type: "swe".into(),
+        expected_reward_ref: RewardRef {
+            key: "grader".into(),
+            version: "3".into(),
+        },
+    }
+}
+
+fn rule(threshold: Option<f64>, transform: &str) -> RewardRule {
+    crate::test_support::rule("astra", threshold, transform)
+}
+
+fn task(status: &str, score: Option<f64>, raw: Value) -> TaskOutcome {
+    TaskOutcome {
+        raw,
+        trace_id: Some("trace-1".into()),
+        ..TaskOutcome::new("task-1", TaskStatus::parse(status), score)
+    }
+}
+
+fn episode(outcome: Outcome) -> Episode {
+    Episode {
+        row: row(),
+        outcome,
+        interaction_count: 3,
+        context_overflow: false,
+        proxy_system_error: false,
+        scope: Scope::Rollout,
+    }
+}
+
+fn value(metrics: &[Metric], name: &str) -> Option<f64> {
+    let found: Vec<_> = metrics.iter().filter(|m| m.name == name).collect();
+    assert!(found.len() <= 1, "{name} recorded twice: {metrics:?}");
+    found.first().map(|m| m.value)
+}
+
+#[test]
+fn a_success_trains_on_the_transformed_reward_with_metrics_on_both_sides() {
+    let outcome = task("DONE", Some(0.75), json!({"log": "ok"}));
+    let routed = route_outcome(
+        &episode(Outcome::Task(outcome)),
+        &rule(None, "astra_partial_reward"),
+    );
+    let Decision::Train(reward) = routed.decision else {
+        panic!("{:?}", routed.decision)
+    };
+    assert!((reward - 0.075).abs() < 1e-12);
+    assert_eq!(routed.disposition, None);
+    assert!(routed.audit_now().is_none());
+    for (name, expected) in [
+        ("rollout/arena/result_processing_success", 1.0),
+        ("rollout/arena/terminal_success", 1.0),
+        ("rollout/arena/call_success", 1.0),
+        ("rollout/context_overflow", 0.0),
+        ("rollout/proxy_system_error", 0.0),
+        ("rollout/decision/train", 1.0),
+        ("rollout/decision/reject", 0.0),
+    ] {
+        assert_eq!(value(&routed.metrics, name), Some(expected), "{name}");
+    }
+
+    let after = routed.after_export(true);
+    let m = &after.metrics;
+    let close = |name: &str, expected: f64| {
+        let got = value(m, name).unwrap_or_else(|| panic!("{name} missing from {m:?}"));
+        assert!((got - expected).abs() < 1e-12, "{name}: {got} != {expected}");
+    };
+    close("rollout/reward", 0.075);
+    close("rollout/swe/reward", 0.075);
+    close("rollout/training_score", 0.075);
+    close("rollout/stream/astra/training_score", 0.075);
+    close("rollout/raw_reward", 0.75);
+    close("rollout/swe/raw_reward", 0.75);
+    close("rollout/arena_score", 0.75);
+    close("rollout/stream/astra/arena_score", 0.75);
+    close("rollout/arena_raw_present", 1.0);
+    close("rollout/arena_trace_present", 1.0);
+    close("rollout/arena_artifacts_present", 0.0);
+    close("debug/task/row-9/raw_reward", 0.75);
+    assert_eq!(value(m, "rollout/task/row-9/raw_reward"), None);
+    assert_eq!(m.iter().filter(|m| m.name.starts_with("debug/")).count(), 1);
+
+    let record = after.audit.expect("audit record");
+    assert_eq!(record.training_score, Some(reward));
+    assert_eq!(record.arena_score, Some(0.75));
+    assert_eq!(record.status, TaskStatus::Done);
+    assert_eq!(routed.sample_result(true), SampleResult::Reward(reward));
+}
+
+#[test]
+fn streams_without_a_transform_train_on_the_raw_score() {
+    for score in [0.2, 0.75, 0.98] {
+        let routed = route_outcome(
+            &episode(Outcome::Task(task("OK", Some(score), Value::Null))),
+            &rule(None, ""),
+        );
+        assert_eq!(routed.decision, Decision::Train(score));
+    }
+}
+
+#[test]
+fn an_empty_export_records_no_episode_metrics_and_a_null_training_score() {
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("DONE", Some(1.0), Value::Null))),
+        &rule(None, ""),
+    );
+    let after = routed.after_export(false);
+    assert!(after.metrics.is_empty());
+    assert_eq!(after.audit.expect("record").training_score, None);
+    assert_eq!(routed.sample_result(false), SampleResult::Dropped);
+}
+
+#[test]
+fn a_context_overflow_forces_reward_zero_even_on_success() {
+    let mut episode = episode(Outcome::Task(task("DONE", Some(1.0), Value::Null)));
+    episode.context_overflow = true;
+    let routed = route_outcome(&episode, &rule(None, ""));
+    assert_eq!(routed.decision, Decision::ZeroReward);
+    assert_eq!(routed.disposition, Some(FailureDisposition::ModelFailureZero));
+    assert_eq!(value(&routed.metrics, "rollout/context_overflow"), Some(1.0));
+    let after = routed.after_export(true);
+    assert_eq!(value(&after.metrics, "rollout/training_score"), Some(0.0));
+    assert_eq!(value(&after.metrics, "rollout/arena_score"), Some(1.0));
+    assert_eq!(after.audit.expect("record").training_score, Some(0.0));
+
+    episode.interaction_count = 0;
+    let routed = route_outcome(&episode, &rule(None, ""));
+    assert_eq!(routed.decision, Decision::Reject(RejectReason::NoInteractions));
+    assert_eq!(routed.sample_result(true), SampleResult::Dropped);
+}
+
+#[test]
+fn a_recovered_model_failure_is_audited_once_with_training_score_zero() {
+    let raw = json!({"error": CLAUDE_TEXT, "steps": [1, 2]});
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("HARNESS_FAILED", Some(0.0), raw.clone()))),
+        &rule(None, ""),
+    );
+    assert_eq!(routed.decision, Decision::ZeroReward);
+    assert_eq!(routed.disposition, Some(FailureDisposition::ModelFailureZero));
+    assert!(
+        routed.audit_now().is_none(),
+        "recovered failures are audited after export"
+    );
+    assert_eq!(
+        value(&routed.metrics, "rollout/arena/terminal_success"),
+        Some(0.0)
+    );
+    assert_eq!(value(&routed.metrics, "rollout/arena/call_success"), Some(0.0));
+    let record = routed.after_export(true).audit.expect("one record");
+    assert_eq!(record.status, TaskStatus::HarnessFailed);
+    assert_eq!(record.arena_score, Some(0.0));
+    assert_eq!(record.training_score, Some(0.0));
+    assert_eq!(record.raw, raw);
+    assert_eq!(routed.sample_result(true), SampleResult::Reward(0.0));
+}
+
+#[test]
+fn a_rejected_system_failure_is_audited_now_with_a_null_training_score() {
+    let raw = json!({"error": "image pull failed"});
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("SETUP_FAILED", None, raw.clone()))),
+        &rule(None, ""),
+    );
+    assert_eq!(
+        routed.decision,
+        Decision::Reject(RejectReason::SystemFailure {
+            status: TaskStatus::SetupFailed
+        })
+    );
+    let record = routed.audit_now().expect("audited now");
+    assert_eq!(record.training_score, None);
+    assert_eq!(record.raw, raw, "the typed failure keeps raw");
+    assert_eq!(value(&routed.metrics, "rollout/reject/system_failure"), Some(1.0));
+    assert_eq!(value(&routed.metrics, "rollout/decision/reject"), Some(1.0));
+    assert_eq!(
+        routed.after_export(true),
+        AfterExport {
+            metrics: vec![],
+            audit: None
+        }
+    );
+    assert!(matches!(routed.sample_result(true), SampleResult::Rejected(_)));
+}
+
+#[test]
+fn unattributed_failures_are_rejected_as_unknown() {
+    let routed = route_outcome(
+        &episode(Outcome::Task(task(
+            "HARNESS_FAILED",
+            None,
+            json!({"error": "exit 137"}),
+        ))),
+        &rule(None, ""),
+    );
+    assert_eq!(routed.disposition, Some(FailureDisposition::UnknownFailureReject));
+    assert_eq!(
+        value(&routed.metrics, "rollout/reject/unknown_failure"),
+        Some(1.0)
+    );
+    assert_eq!(
+        routed.audit_now().map(|r| r.raw.clone()),
+        Some(json!({"error": "exit 137"}))
+    );
+}
+
+#[test]
+fn a_non_finite_transform_output_rejects_and_keeps_raw_in_the_audit_record() {
+    let rule = crate::test_support::nan_rule("astra");
+    let raw = json!({"tests": {"passed": 3}});
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("DONE", Some(0.5), raw.clone()))),
+        &rule,
+    );
+    let Decision::Reject(RejectReason::ResultProcessing { message }) = &routed.decision else {
+        panic!("{:?}", routed.decision)
+    };
+    assert!(message.contains("returned a non-finite value: NaN"), "{message}");
+    assert_eq!(
+        value(&routed.metrics, "rollout/arena/terminal_success"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&routed.metrics, "rollout/arena/result_processing_success"),
+        Some(0.0)
+    );
+    assert_eq!(value(&routed.metrics, "rollout/arena/call_success"), Some(0.0));
+    let record = routed.audit_now().expect("audited now");
+    assert_eq!(record.raw, raw);
+    assert_eq!(record.training_score, None);
+    assert_eq!(record.arena_score, Some(0.5));
+}
+
+#[test]
+fn a_score_found_only_inside_raw_is_not_a_reward() {
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("DONE", None, json!({"score": 1.0})))),
+        &rule(None, ""),
+    );
+    let Decision::Reject(RejectReason::ResultProcessing { message }) = &routed.decision else {
+        panic!("{:?}", routed.decision)
+    };
+    assert!(message.contains("missing top-level 'score'"), "{message}");
+}
+
+#[test]
+fn a_proxy_system_error_rejects_any_failure_regardless_of_the_classifier() {
+    let cases = [
+        Outcome::Task(task("HARNESS_FAILED", None, json!({"error": CLAUDE_TEXT}))),
+        Outcome::Task(task("TIMEOUT", None, Value::Null)),
+        Outcome::Task(task("SETUP_FAILED", None, Value::Null)),
+        Outcome::Task(task("DONE", None, Value::Null)),
+        Outcome::LocalWait {
+            task_id: Some("task-1".into()),
+            cancelled: false,
+        },
+        Outcome::Error {
+            message: "connection reset".into(),
+            stage: ErrorStage::AfterLaunch,
+        },
+    ];
+    for outcome in cases {
+        let mut episode = episode(outcome);
+        episode.proxy_system_error = true;
+        let routed = route_outcome(&episode, &rule(None, ""));
+        assert_eq!(
+            routed.decision,
+            Decision::Reject(RejectReason::ProxySystemError),
+            "{episode:?}"
+        );
+        assert_eq!(routed.disposition, Some(FailureDisposition::SystemFailureReject));
+        assert_eq!(value(&routed.metrics, "rollout/proxy_system_error"), Some(1.0));
+        assert_eq!(
+            value(&routed.metrics, "rollout/reject/proxy_system_error"),
+            Some(1.0)
+        );
+    }
+    // A task Arena graded as a success is still trained, as in the reference.
+    let mut success = episode(Outcome::Task(task("DONE", Some(1.0), Value::Null)));
+    success.proxy_system_error = true;
+    assert_eq!(
+        route_outcome(&success, &rule(None, "")).decision,
+        Decision::Train(1.0)
+    );
+}
+
+#[test]
+fn local_waits_are_audited_with_their_status_when_the_task_id_is_known() {
+    for (cancelled, status, kind) in [
+        (false, TaskStatus::LocalWaitTimeout, "local_timeout"),
+        (true, TaskStatus::LocalWaitCancelled, "local_cancelled"),
+    ] {
+        let routed = route_outcome(
+            &episode(Outcome::LocalWait {
+                task_id: Some("task-5".into()),
+                cancelled,
+            }),
+            &rule(None, ""),
+        );
+        assert_eq!(
+            routed.decision,
+            Decision::Reject(RejectReason::LocalWait { cancelled })
+        );
+        assert_eq!(routed.decision.reward(), None);
+        let record = routed.audit_now().expect("audited");
+        assert_eq!(record.status, status);
+        assert_eq!(record.task_id, "task-5");
+        assert_eq!(record.arena_score, None);
+        assert_eq!(record.raw, Value::Null);
+        assert_eq!(
+            value(&routed.metrics, "rollout/arena/terminal_success"),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&routed.metrics, &format!("rollout/reject/{kind}")),
+            Some(1.0)
+        );
+    }
+    let before_launch = route_outcome(
+        &episode(Outcome::LocalWait {
+            task_id: None,
+            cancelled: false,
+        }),
+        &rule(None, ""),
+    );
+    assert!(before_launch.audit_now().is_none());
+    assert_eq!(
+        value(&before_launch.metrics, "rollout/arena/launch_success"),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&before_launch.metrics, "rollout/arena/terminal_success"),
+        None
+    );
+}
+
+#[test]
+fn errors_record_the_metrics_of_their_stage_and_no_audit_record() {
+    let cases = [
+        (ErrorStage::BeforeLaunch, None, None),
+        (ErrorStage::Launch, Some(0.0), None),
+        (ErrorStage::AfterLaunch, None, Some(0.0)),
+    ];
+    for (stage, launch, terminal) in cases {
+        let routed = route_outcome(
+            &episode(Outcome::Error {
+                message: "HTTP 502".into(),
+                stage,
+            }),
+            &rule(None, ""),
+        );
+        assert_eq!(
+            routed.decision,
+            Decision::Reject(RejectReason::Error {
+                message: "HTTP 502".into()
+            })
+        );
+        assert_eq!(routed.disposition, Some(FailureDisposition::SystemFailureReject));
+        assert!(routed.audit_now().is_none());
+        assert_eq!(
+            value(&routed.metrics, "rollout/arena/launch_success"),
+            launch,
+            "{stage:?}"
+        );
+        assert_eq!(
+            value(&routed.metrics, "rollout/arena/terminal_success"),
+            terminal,
+            "{stage:?}"
+        );
+        assert_eq!(value(&routed.metrics, "rollout/reject/arena_error"), Some(1.0));
+    }
+}
+
+#[test]
+fn a_status_that_is_not_terminal_is_an_error() {
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("AGENT_RUNNING", None, Value::Null))),
+        &rule(None, ""),
+    );
+    let Decision::Reject(RejectReason::Error { message }) = &routed.decision else {
+        panic!("{:?}", routed.decision)
+    };
+    assert_eq!(
+        message,
+        "task \"task-1\" reported status AGENT_RUNNING which is not terminal"
+    );
+}
+
+#[test]
+fn eval_rollouts_record_under_eval_rollout_and_debug_stays_apart() {
+    let mut episode = episode(Outcome::Task(task("DONE", Some(0.5), Value::Null)));
+    episode.scope = Scope::EvalRollout;
+    let routed = route_outcome(&episode, &rule(None, ""));
+    let after = routed.after_export(true);
+    for metric in routed.metrics.iter().chain(&after.metrics) {
+        assert!(
+            metric.name.starts_with("eval-rollout/") || metric.name.starts_with("debug/"),
+            "{}",
+            metric.name
+        );
+    }
+    assert_eq!(value(&after.metrics, "eval-rollout/swe/reward"), Some(0.5));
+    assert_eq!(value(&after.metrics, "debug/task/row-9/raw_reward"), Some(0.5));
+}
+
+#[test]
+fn reject_reasons_have_stable_kinds_and_dispositions() {
+    let reasons = [
+        RejectReason::ProxySystemError,
+        RejectReason::SystemFailure {
+            status: TaskStatus::Failed,
+        },
+        RejectReason::UnknownFailure {
+            status: TaskStatus::HarnessFailed,
+        },
+        RejectReason::ResultProcessing { message: "m".into() },
+        RejectReason::LocalWait { cancelled: false },
+        RejectReason::LocalWait { cancelled: true },
+        RejectReason::Error { message: "m".into() },
+        RejectReason::NoInteractions,
+    ];
+    let table: Vec<String> = reasons
+        .iter()
+        .map(|r| {
+            format!(
+                "{} | {} | rejects group: {} | {r}",
+                r.kind(),
+                r.disposition().as_str(),
+                r.rejects_group()
+            )
+        })
+        .collect();
+    insta::assert_yaml_snapshot!(table);
+}
+
+#[test]
+fn the_metrics_of_a_success_are_stable() {
+    let mut outcome = task("DONE", Some(0.9799), json!({"k": "v"}));
+    outcome.artifacts_uri = Some("s3://bucket/x".into());
+    let routed = route_outcome(
+        &episode(Outcome::Task(outcome)),
+        &rule(Some(0.98), "examples.swe.reward_transforms.astra_partial_reward"),
+    );
+    let after = routed.after_export(true);
+    let lines: Vec<String> = routed
+        .metrics
+        .iter()
+        .chain(&after.metrics)
+        .map(|m| format!("{} = {}", m.name, m.value))
+        .collect();
+    insta::assert_yaml_snapshot!(lines);
+}
