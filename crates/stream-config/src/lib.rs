@@ -30,6 +30,8 @@
 //! field goes in [`REFERENCE_ENV_VARS`]. Secrets never live in the config: read them from [`Env`] into a
 //! `secrecy::SecretString` where they are used.
 
+#![warn(missing_docs)]
+
 mod env;
 mod error;
 mod interpolate;

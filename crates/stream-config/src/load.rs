@@ -64,7 +64,9 @@ pub(crate) fn merged_files(path: &Path) -> Result<(Dict, Vec<Layer>)> {
     Ok((dict, layers))
 }
 
-fn finish(mut layers: Vec<Layer>, overrides: &[String], env: &Env) -> Result<RunConfig> {
+fn finish(files: Vec<Layer>, overrides: &[String], env: &Env) -> Result<RunConfig> {
+    let mut layers = vec![defaults_layer()?];
+    layers.extend(files);
     layers.push(env_layer(env)?);
     layers.push(override_layer(overrides)?);
     let figment = layers
@@ -83,8 +85,7 @@ fn finish(mut layers: Vec<Layer>, overrides: &[String], env: &Env) -> Result<Run
                 .collect(),
         ))
     })?;
-    let typed = Figment::from(Resolved(resolved));
-    let config: RunConfig = typed.extract_lossy().map_err(|e| type_error(&layers, e))?;
+    let config = extract(resolved, &layers)?;
     let mut problems = config.problems(env);
     for p in &mut problems {
         if p.origin.is_none() && !p.path.is_empty() {
@@ -96,6 +97,73 @@ fn finish(mut layers: Vec<Layer>, overrides: &[String], env: &Env) -> Result<Run
     } else {
         Err(Error::Problems(Problems(problems)))
     }
+}
+
+/// Types the resolved tree. Text where the schema wants a number or a boolean (environment variables,
+/// overrides, quoted YAML such as the reference's `arena_reward_threshold: "0.98"`) is parsed exactly and
+/// the extraction retried, so numbers never pass through a lossy float.
+fn extract(mut dict: Dict, layers: &[Layer]) -> Result<RunConfig> {
+    loop {
+        match Figment::from(Resolved(dict.clone())).extract::<RunConfig>() {
+            Ok(config) => return Ok(config),
+            Err(e) => {
+                if !coerce_text(&mut dict, &e) {
+                    return Err(type_error(layers, e));
+                }
+            }
+        }
+    }
+}
+
+/// Replaces the text at the error's path by the number or boolean it spells, if the schema wanted one and
+/// the text is one. Returns whether anything changed.
+fn coerce_text(dict: &mut Dict, e: &figment::Error) -> bool {
+    use figment::error::{Actual, Kind};
+    let Kind::InvalidType(Actual::Str(text), expected) = &e.kind else {
+        return false;
+    };
+    let Some((last, parents)) = e.path.split_last() else {
+        return false;
+    };
+    let mut at = &mut *dict;
+    for key in parents {
+        match at.get_mut(key) {
+            Some(Value::Dict(_, inner)) => at = inner,
+            _ => return false,
+        }
+    }
+    let Some(Value::String(tag, current)) = at.get(last) else {
+        return false;
+    };
+    if current != text {
+        return false;
+    }
+    let tag = *tag;
+    let t = text.trim();
+    let replacement = if expected.contains("bool") {
+        match t.to_ascii_lowercase().as_str() {
+            "true" => Value::Bool(tag, true),
+            "false" => Value::Bool(tag, false),
+            _ => return false,
+        }
+    } else if ["u8", "u16", "u32", "u64", "i8", "i16", "i32", "i64", "f32", "f64"]
+        .iter()
+        .any(|n| expected.contains(n))
+    {
+        if let Ok(u) = t.parse::<u64>() {
+            Value::Num(tag, Num::U64(u))
+        } else if let Ok(i) = t.parse::<i64>() {
+            Value::Num(tag, Num::I64(i))
+        } else if let Ok(f) = t.parse::<f64>() {
+            Value::Num(tag, Num::F64(f))
+        } else {
+            return false;
+        }
+    } else {
+        return false;
+    };
+    at.insert(last.clone(), replacement);
+    true
 }
 
 fn default_dict(figment: &Figment) -> Result<Dict> {
@@ -113,6 +181,8 @@ pub(crate) struct Layer {
 }
 
 enum Where {
+    /// The schema's defaults: written nowhere.
+    Defaults,
     /// A YAML file: line and column of each key path.
     File(LineMap),
     /// Environment variables or overrides: the key path each one set, and its label.
@@ -136,7 +206,7 @@ impl Layer {
     }
 
     fn has(&self, path: &KeyPath) -> bool {
-        interpolate::lookup_in(&self.dict, path).is_some()
+        !matches!(self.where_, Where::Defaults) && interpolate::lookup_in(&self.dict, path).is_some()
     }
 
     fn origin(&self, path: &KeyPath) -> String {
@@ -145,6 +215,7 @@ impl Layer {
                 Some(at) => format!("{}:{}:{}", self.name, at.line, at.column),
                 None => self.name.clone(),
             },
+            Where::Defaults => self.name.clone(),
             Where::Labels(labels) => labels
                 .iter()
                 .rev()
@@ -221,6 +292,21 @@ fn type_error(layers: &[Layer], e: figment::Error) -> Error {
         },
         message,
     }
+}
+
+/// The schema's defaults as the lowest layer, so that `${path}` can refer to a value nobody wrote.
+fn defaults_layer() -> Result<Layer> {
+    let dict = match Value::serialize(RunConfig::default()) {
+        Ok(Value::Dict(_, dict)) => dict,
+        Ok(_) => Dict::new(),
+        Err(e) => return Err(Error::Invalid(format!("cannot serialise the defaults: {e}"))),
+    };
+    Ok(Layer {
+        name: "defaults".to_string(),
+        dict,
+        node: None,
+        where_: Where::Defaults,
+    })
 }
 
 struct FileLayer {

@@ -28,7 +28,11 @@ impl KeyPath {
         let mut path = Self::root();
         for part in s.split('.') {
             let part = part.trim();
-            if part.is_empty() {
+            if part.is_empty()
+                || !part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
                 return None;
             }
             match part.parse::<usize>() {

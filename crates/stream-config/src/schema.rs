@@ -294,6 +294,21 @@ impl RunConfig {
     }
 }
 
+impl RunConfig {
+    /// The config as it is saved or printed: serialised, then passed through [`crate::redact`].
+    pub fn to_redacted_json(&self) -> crate::Result<serde_json::Value> {
+        let value = serde_json::to_value(self)
+            .map_err(|e| crate::Error::Invalid(format!("cannot serialise the run config: {e}")))?;
+        Ok(crate::redact(&value))
+    }
+
+    /// [`RunConfig::to_redacted_json`] as YAML.
+    pub fn to_redacted_yaml(&self) -> crate::Result<String> {
+        serde_saphyr::to_string(&self.to_redacted_json()?)
+            .map_err(|e| crate::Error::Invalid(format!("cannot write the run config as YAML: {e}")))
+    }
+}
+
 /// The field names of a struct that derives `Deserialize` (used to tell config variables from others).
 pub(crate) fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
     use serde::de::{self, Visitor};

@@ -85,6 +85,8 @@ pub(crate) fn parse(text: &str) -> Result<(Node, LineMap), SyntaxError> {
     }
     let mut options = serde_saphyr::Options::default();
     options.with_snippet = false;
+    // `.inf` and `.nan` reach validation, which names the field and the rule, instead of failing the parse.
+    options.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::PassThrough;
     let root: Spanned<Node> = serde_saphyr::from_str_with_options(text, options).map_err(|e| {
         let at = e.location().filter(|l| l.line() > 0).map(|l| LineCol {
             line: l.line(),
