@@ -205,15 +205,14 @@ impl OutputParser {
                     let rest = inner[at + TOOL_CLOSE.len()..].to_string();
                     inner.truncate(at);
                     let inner = std::mem::take(inner);
-                    match self.parse_tool_call(&inner) {
-                        Some(call) => out.push(Parsed::ToolCall(call)),
-                        None => {
-                            self.state = State::Content;
-                            self.content(format!("{TOOL_OPEN}{inner}{TOOL_CLOSE}"), out);
-                        }
-                    }
                     self.state = State::Content;
-                    self.strip_leading_ws = true;
+                    match self.parse_tool_call(&inner) {
+                        Some(call) => {
+                            out.push(Parsed::ToolCall(call));
+                            self.strip_leading_ws = true;
+                        }
+                        None => self.content(format!("{TOOL_OPEN}{inner}{TOOL_CLOSE}"), out),
+                    }
                     buf = rest;
                 }
             }

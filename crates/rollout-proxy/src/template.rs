@@ -124,30 +124,24 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
-        let mut ctx: Vec<(String, JinjaValue)> = Vec::with_capacity(6);
-        if let Some(extra) = options.extra {
-            for (k, v) in extra {
-                ctx.push((k.clone(), jv(v)));
-            }
+        #[derive(serde::Serialize)]
+        struct Context<'a> {
+            #[serde(flatten)]
+            extra: Option<&'a Map<String, Value>>,
+            messages: &'a [Value],
+            tools: Option<&'a [Value]>,
+            add_generation_prompt: bool,
+            bos_token: &'a str,
+            eos_token: &'a str,
         }
-        ctx.push(("messages".into(), jv(&messages)));
-        ctx.push((
-            "tools".into(),
-            options.tools.map_or(JinjaValue::from(()), |t| jv(&t)),
-        ));
-        ctx.push((
-            "add_generation_prompt".into(),
-            JinjaValue::from(options.add_generation_prompt),
-        ));
-        ctx.push((
-            "bos_token".into(),
-            JinjaValue::from(self.bos_token.clone().unwrap_or_default()),
-        ));
-        ctx.push((
-            "eos_token".into(),
-            JinjaValue::from(self.eos_token.clone().unwrap_or_default()),
-        ));
-        let ctx: JinjaValue = ctx.into_iter().collect();
+        let ctx = jv(&Context {
+            extra: options.extra,
+            messages,
+            tools: options.tools,
+            add_generation_prompt: options.add_generation_prompt,
+            bos_token: self.bos_token.as_deref().unwrap_or_default(),
+            eos_token: self.eos_token.as_deref().unwrap_or_default(),
+        });
         template
             .render(ctx)
             .map_err(|e| Error::Template(render_error(&e)))

@@ -1,1 +1,159 @@
-//! Tests of `parse`.
+//! Tests of the streaming output parser and the stop-string matcher, fed in every possible split.
+
+use serde_json::json;
+
+use super::*;
+
+/// Parses `text` fed in pieces of every size from 1 to its length, checks all splits agree, and
+/// returns the parsed pieces (adjacent text of one kind merged).
+fn check(
+    reasoning: ReasoningFormat,
+    tools: ToolCallFormat,
+    defs: Option<&[Value]>,
+    open: bool,
+    text: &str,
+) -> Vec<Parsed> {
+    let mut first: Option<Vec<Parsed>> = None;
+    let chars: Vec<char> = text.chars().collect();
+    for size in 1..=chars.len().max(1) {
+        let mut parser = OutputParser::new(reasoning, tools, defs, open);
+        let mut out = Vec::new();
+        for piece in chars.chunks(size) {
+            parser.push(&piece.iter().collect::<String>(), &mut out);
+        }
+        parser.finish(&mut out);
+        let merged = merge(out);
+        match &first {
+            None => first = Some(merged),
+            Some(f) => assert_eq!(&merged, f, "split size {size} of {text:?}"),
+        }
+    }
+    first.unwrap_or_default()
+}
+
+fn merge(parsed: Vec<Parsed>) -> Vec<Parsed> {
+    let mut out: Vec<Parsed> = Vec::new();
+    for p in parsed {
+        match (out.last_mut(), p) {
+            (Some(Parsed::Content(a)), Parsed::Content(b)) => a.push_str(&b),
+            (Some(Parsed::Reasoning(a)), Parsed::Reasoning(b)) => a.push_str(&b),
+            (_, p) => out.push(p),
+        }
+    }
+    out
+}
+
+fn content(s: &str) -> Parsed {
+    Parsed::Content(s.into())
+}
+
+fn call(name: &str, args: &str) -> Parsed {
+    Parsed::ToolCall(ParsedToolCall {
+        name: name.into(),
+        arguments: args.into(),
+    })
+}
+
+const T: ReasoningFormat = ReasoningFormat::Think;
+const H: ToolCallFormat = ToolCallFormat::Hermes;
+
+#[test]
+fn plain_text_is_content() {
+    assert_eq!(
+        check(T, H, None, false, "Hello <b>world</b> <tool"),
+        vec![content("Hello <b>world</b> <tool")]
+    );
+}
+
+#[test]
+fn reasoning_then_content() {
+    assert_eq!(
+        check(T, H, None, false, "<think>\nstep one\n</think>\n\nThe answer."),
+        vec![Parsed::Reasoning("step one\n".into()), content("The answer.")]
+    );
+    assert_eq!(
+        check(T, H, None, true, "\nstill thinking</think>done"),
+        vec![Parsed::Reasoning("still thinking".into()), content("done")]
+    );
+    assert_eq!(
+        check(ReasoningFormat::None, H, None, false, "<think>x</think>y"),
+        vec![content("<think>x</think>y")]
+    );
+}
+
+#[test]
+fn hermes_tool_calls() {
+    assert_eq!(
+        check(
+            T,
+            H,
+            None,
+            false,
+            "Let me look.\n<tool_call>\n{\"name\": \"ls\", \"arguments\": {\"path\": \"/tmp\"}}\n</tool_call>\n<tool_call>{\"name\": \"pwd\"}</tool_call>"
+        ),
+        vec![
+            content("Let me look.\n"),
+            call("ls", r#"{"path":"/tmp"}"#),
+            call("pwd", "{}")
+        ]
+    );
+}
+
+#[test]
+fn malformed_tool_calls_stay_content() {
+    let text = "<tool_call>{\"name\": broken}</tool_call> after";
+    assert_eq!(check(T, H, None, false, text), vec![content(text)]);
+    let unterminated = "<tool_call>{\"name\": \"x\", \"arguments\": {";
+    assert_eq!(
+        check(T, H, None, false, unterminated),
+        vec![content(unterminated)]
+    );
+    assert_eq!(
+        check(T, H, None, false, "<tool_call>{\"name\": \"x\"}"),
+        vec![call("x", "{}")],
+        "a complete call whose closing tag never came is still a call"
+    );
+}
+
+#[test]
+fn qwen3_coder_tool_calls_use_the_schema_for_types() {
+    let defs = [
+        json!({"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+            "cmd": {"type": "string"}, "timeout": {"type": "integer"}, "env": {"type": "object"}
+        }}}}),
+    ];
+    let text = "<tool_call>\n<function=run>\n<parameter=cmd>\nls -la\n</parameter>\n<parameter=timeout>\n30\n</parameter>\n<parameter=env>\n{\"A\": \"1\"}\n</parameter>\n</function>\n</tool_call>";
+    assert_eq!(
+        check(T, ToolCallFormat::Qwen3Coder, Some(&defs), false, text),
+        vec![call("run", r#"{"cmd":"ls -la","timeout":30,"env":{"A":"1"}}"#)]
+    );
+    let bad = "<tool_call><function=run><parameter=cmd>ls</function></tool_call>";
+    assert_eq!(
+        check(T, ToolCallFormat::Qwen3Coder, Some(&defs), false, bad),
+        vec![content(bad)]
+    );
+}
+
+#[test]
+fn stop_strings_cut_the_output_in_any_split() {
+    let text = "abc STOP def";
+    for size in 1..=text.len() {
+        let mut m = StopMatcher::new(vec!["STOP".into(), "zz".into()]);
+        let mut out = String::new();
+        let mut hit = false;
+        for piece in text.as_bytes().chunks(size) {
+            let (safe, h) = m.push(std::str::from_utf8(piece).expect("ascii"));
+            out.push_str(&safe);
+            if h {
+                hit = true;
+                break;
+            }
+        }
+        assert!(hit, "split {size}");
+        assert_eq!(out, "abc ", "split {size}");
+    }
+    let mut m = StopMatcher::new(vec!["STOP".into()]);
+    let (safe, hit) = m.push("abc ST");
+    assert_eq!((safe.as_str(), hit), ("abc ", false));
+    assert_eq!(m.finish(), "ST");
+}

@@ -1,1 +1,138 @@
-//! Tests of `trajectory`.
+//! Tests of the interaction tree: parent lookup, full sequences, reward discounting, retry-orphan
+//! dropping and both export styles.
+
+use serde_json::json;
+
+use super::*;
+
+fn interaction(
+    id: &str,
+    parent: Option<u32>,
+    prompt: &[u32],
+    output: &[u32],
+    input_key: u64,
+    chain_key: u64,
+) -> Interaction {
+    Interaction {
+        id: id.into(),
+        parent,
+        prompt_delta: prompt.into(),
+        output: output.into(),
+        logprobs: output.iter().map(|t| -(*t as f32) / 100.0).collect(),
+        versions: encode_versions(output.iter().map(|t| t % 2)),
+        input_key,
+        chain_key,
+        stop_token: None,
+        finish: Finish::Stop,
+        reward: None,
+    }
+}
+
+/// root(1,2 | 3,4) -> child(5 | 6) -> grandchild(7 | 8,9); plus a retry of the root (same input).
+fn tree() -> Trajectory {
+    let mut t = Trajectory::default();
+    t.push(interaction("a", None, &[1, 2], &[3, 4], 10, 11));
+    t.push(interaction("a-retry", None, &[1, 2], &[30, 40], 10, 12));
+    t.push(interaction("b", Some(0), &[5], &[6], 20, 21));
+    t.push(interaction("c", Some(2), &[7], &[8, 9], 30, 31));
+    t
+}
+
+#[test]
+fn parents_are_found_by_the_longest_covered_prefix() {
+    let t = tree();
+    let p = t.find_parent(&[99, 21, 77]).expect("b covers two messages");
+    assert_eq!((p.index, p.covered), (2, 2));
+    assert_eq!(p.tokens, vec![1, 2, 3, 4, 5, 6]);
+    let p = t.find_parent(&[11, 21, 31]).expect("c is the longest");
+    assert_eq!((p.index, p.covered), (3, 3));
+    assert!(t.find_parent(&[1, 2, 3]).is_none());
+    assert_eq!(t.full_tokens(3), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+}
+
+#[test]
+fn concat_exports_leaves_with_every_sampled_token_trained() {
+    let mut t = tree();
+    t.set_reward(None, 1.0).expect("newest");
+    t.set_reward(Some("a-retry"), 0.5).expect("by id");
+    assert!(t.set_reward(Some("zzz"), 1.0).is_err());
+    let options = ExportOptions {
+        style: ExportStyle::Concat,
+        discount: 0.5,
+        ..ExportOptions::default()
+    };
+    let out = t.export("s", &json!({"k": 1}), &options);
+    let ids: Vec<&str> = out.iter().map(|x| x.interaction_id.as_str()).collect();
+    assert_eq!(ids, vec!["a-retry", "c"]);
+    let c = &out[1];
+    assert_eq!(c.interaction_ids, vec!["a", "b", "c"]);
+    assert_eq!(c.token_ids, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(c.loss_mask, vec![0, 0, 1, 1, 0, 1, 0, 1, 1]);
+    assert_eq!(c.versions, vec![-1, -1, 1, 0, -1, 0, -1, 0, 1]);
+    assert_eq!(c.logprobs[2], -0.03);
+    assert_eq!(c.logprobs[4], 0.0);
+    assert_eq!(c.prompt_len, 2);
+    assert_eq!((c.reward, c.original_reward), (1.0, 1.0));
+    // Discounting runs over all interactions newest first: c=1, b=0+0.5*1, a-retry=0.5+0.5*0.5.
+    assert_eq!((out[0].reward, out[0].original_reward), (0.75, 0.5));
+    assert_eq!(out[0].metadata, json!({"k": 1}));
+}
+
+#[test]
+fn individual_exports_every_interaction_training_only_its_own_output() {
+    let t = tree();
+    let out = t.export("s", &json!({}), &ExportOptions::default());
+    assert_eq!(out.len(), 4);
+    let b = &out[2];
+    assert_eq!(b.token_ids, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(b.loss_mask, vec![0, 0, 0, 0, 0, 1]);
+    assert_eq!(b.prompt_len, 5);
+    assert_eq!(b.versions, vec![-1, -1, -1, -1, -1, 0]);
+}
+
+#[test]
+fn retry_orphans_are_dropped() {
+    let t = tree();
+    let options = ExportOptions {
+        drop_retry_orphans: true,
+        final_reward: Some(2.0),
+        ..ExportOptions::default()
+    };
+    let out = t.export("s", &json!({}), &options);
+    let ids: Vec<&str> = out.iter().map(|x| x.interaction_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec!["a", "b", "c"],
+        "the childless retry of a consumed entry goes"
+    );
+    assert!(out.iter().all(|x| x.reward == 2.0));
+
+    let mut t = Trajectory::default();
+    t.push(interaction("x1", None, &[1], &[2], 5, 6));
+    t.push(interaction("x2", None, &[1], &[3], 5, 7));
+    t.push(interaction("x3", None, &[1], &[4], 5, 8));
+    let options = ExportOptions {
+        drop_retry_orphans: true,
+        ..ExportOptions::default()
+    };
+    let ids: Vec<String> = t
+        .export("s", &json!({}), &options)
+        .into_iter()
+        .map(|x| x.interaction_id)
+        .collect();
+    assert_eq!(ids, vec!["x3"], "with no children only the newest retry stays");
+}
+
+#[test]
+fn versions_are_run_length_encoded() {
+    let runs = encode_versions([3, 3, 3, 4, 4, 3]);
+    assert_eq!(&*runs, &[(0, 3), (3, 4), (5, 3)]);
+    let it = Interaction {
+        versions: runs,
+        ..interaction("v", None, &[], &[0, 0, 0, 0, 0, 0], 0, 0)
+    };
+    assert_eq!(
+        (0..6).map(|i| it.version_at(i)).collect::<Vec<_>>(),
+        vec![3, 3, 3, 4, 4, 3]
+    );
+}
