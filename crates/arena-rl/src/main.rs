@@ -1,13 +1,26 @@
 //! The `arena-rl` command line: train, roll out, serve and inspect, against Arena or `arena-sim`.
+//!
+//! `main` only parses and dispatches: each subcommand lives in its own module under `cmd/`, and a failure
+//! is printed as one line on stderr with a non-zero exit status.
+
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+
+mod cmd {
+    pub(crate) mod quickstart;
+    pub(crate) mod streams;
+}
 
 #[derive(Parser)]
 #[command(
     name = "arena-rl",
     version,
-    about = "Reinforcement learning for LLM coding agents against Arena"
+    about = "Reinforcement learning for LLM coding agents against Arena",
+    long_about = "Reinforcement learning for LLM coding agents against Arena.\n\n\
+        Run configs are YAML files (they may `extends:` others), overridden by ARENA_RL_<SECTION>__<FIELD> \
+        environment variables and by dotted `section.field=value` arguments."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -15,9 +28,24 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Run the main job locally: the embedded examples/configs/quickstart.yaml against arena-sim.
+    Quickstart(cmd::quickstart::Args),
+    /// Inspect Arena Stream definitions.
+    #[command(subcommand)]
+    Streams(cmd::streams::Command),
+}
 
-#[expect(unreachable_code, reason = "the first commands land with stream-config")]
-fn main() -> Result<()> {
-    match Cli::parse().command {}
+fn main() -> ExitCode {
+    let result: Result<()> = match Cli::parse().command {
+        Command::Quickstart(args) => cmd::quickstart::run(args),
+        Command::Streams(command) => cmd::streams::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,3 @@
+//! The `arena-rl` binary, run as a user runs it.
+
+mod config;
