@@ -4,8 +4,11 @@
 //! pinned Python packages, npm CLIs, converted models) in a cache outside the checkout, then runs the whole
 //! Rust suite, in which the real-client suites are ordinary integration tests that find those fixtures
 //! through environment variables.
+//!
+//! `cargo xtask submit` launches a run on a Slurm cluster (see `submit.rs` and docs/slurm.md).
 
 mod fixtures;
+mod submit;
 #[cfg(test)]
 mod tidy;
 
@@ -34,6 +37,8 @@ enum Cmd {
     },
     /// Prepare the test fixtures and print the environment variables that point tests at them.
     Fixtures,
+    /// Validate the launch environment, render the Slurm scripts and submit the controller (docs/slurm.md).
+    Submit(submit::SubmitArgs),
 }
 
 fn main() -> Result<()> {
@@ -46,6 +51,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Submit(args) => submit::run(args),
     }
 }
 

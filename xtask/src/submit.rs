@@ -1,0 +1,199 @@
+//! `cargo xtask submit`: launches an arena-rl run on a Slurm cluster, with the environment contract of the
+//! reference's `submit_arena.sh` and `submit_arena_flash_v3.sh` (docs/slurm.md).
+//!
+//! It validates the launch environment (every problem one line, exit status 2, before anything is written),
+//! checks the run config with `stream-config`, renders the CPU-only controller and the GPU job into
+//! `$AREAL_FILEROOT/submissions/$TRIAL_NAME/`, and submits the controller with `sbatch --parsable`.
+//! Everything else (preflight, training, serving) is the `arena-rl` binary's, run by the scripts.
+//! Credentials never pass through here: the scripts name the credentials file, and the jobs source it.
+
+mod env;
+mod profile;
+mod render;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+pub(crate) use env::{Ctx, Env};
+pub(crate) use profile::Profile;
+pub(crate) use validate::{Launch, Problems};
+
+/// `cargo xtask submit [--check-arena | --print-profile] [--profile local|grpo|flash-v3] [--dry-run]
+/// [overrides...]`
+#[derive(Debug, clap::Args)]
+pub(crate) struct SubmitArgs {
+    /// Run only the controller's Arena preflight (writes preflight.json), not the training job.
+    #[arg(long, conflicts_with = "print_profile")]
+    check_arena: bool,
+    /// Print the profile's ten key=value lines and exit, touching nothing.
+    #[arg(long, conflicts_with = "dry_run")]
+    print_profile: bool,
+    /// Launch profile; its config is examples/configs/<profile>.yaml unless CONFIG_PATH says otherwise.
+    #[arg(long, value_enum, default_value = "grpo")]
+    profile: Profile,
+    /// Validate and print the controller script instead of writing and submitting anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Dotted run-config overrides (`key=value`) for `arena-rl train`, after the profile's own.
+    #[arg(value_name = "OVERRIDES")]
+    overrides: Vec<String>,
+}
+
+/// Whether the controller goes on to training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Submit,
+    /// `--check-arena`: preflight only.
+    CheckArena,
+}
+
+/// Sbatch input variables that would override the controller's own directives (sbatch lets the environment
+/// beat `#SBATCH` lines); the reference passes those options on the command line, which beats both.
+const CONTROLLER_SHADOWS: [&str; 5] = [
+    "SBATCH_TIMELIMIT",
+    "SBATCH_MEM_PER_NODE",
+    "SBATCH_GRES",
+    "SBATCH_EXPORT",
+    "SBATCH_JOB_NAME",
+];
+
+pub(crate) fn run(args: SubmitArgs) -> Result<()> {
+    let env = Env::from_process();
+    if args.print_profile {
+        match validate::profile_knobs(args.profile, &env) {
+            Ok(knobs) => {
+                for line in knobs.lines() {
+                    println!("{line}");
+                }
+                return Ok(());
+            }
+            Err(problems) => fail(&problems),
+        }
+    }
+    let mode = if args.check_arena {
+        Mode::CheckArena
+    } else {
+        Mode::Submit
+    };
+    let ctx = Ctx::current()?;
+    let launch = match validate::validate(args.profile, mode, &args.overrides, &env, &ctx) {
+        Ok(l) => l,
+        Err(problems) => fail(&problems),
+    };
+    // As the reference does, relative paths in the config are read from the checkout.
+    std::env::set_current_dir(&launch.areal_dir)
+        .with_context(|| format!("entering AREAL_DIR {}", launch.areal_dir.display()))?;
+    if let Err(problems) = check_config(&launch, &env) {
+        fail(&problems);
+    }
+    let scripts = render::render(&launch);
+    if args.dry_run {
+        print!("{}", scripts.controller);
+        eprintln!(
+            "xtask: dry run: nothing written or submitted (the scripts would go to {})",
+            launch.submission_dir.display()
+        );
+        return Ok(());
+    }
+    let controller = write_scripts(&launch, &scripts)?;
+    let job = sbatch(&controller, &env)?;
+    println!("{job}");
+    eprintln!(
+        "xtask: submitted the controller of trial {} as job {job}; logs and preflight.json go to {}",
+        launch.trial,
+        launch.submission_dir.display()
+    );
+    Ok(())
+}
+
+/// Prints one line per problem and exits with status 2, as the reference's scripts do.
+fn fail(problems: &Problems) -> ! {
+    let mut err = std::io::stderr().lock();
+    for line in problems.lines() {
+        let _ = writeln!(err, "xtask submit: {line}");
+    }
+    std::process::exit(2)
+}
+
+/// Loads the run config the job will load (the profile's and the user's overrides, the launch environment and
+/// the values the scripts export), so a broken config or override fails here rather than in the queue.
+pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<(), Problems> {
+    let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    vars.extend(render::launch_env(l).into_iter().map(|(k, v)| (k.to_string(), v)));
+    let config_env = stream_config::Env::from_pairs(vars);
+    let mut overrides = render::profile_overrides(l);
+    overrides.extend(l.overrides.iter().cloned());
+    match stream_config::load_run_config(&l.config, &overrides, &config_env) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let mut problems = Problems::default();
+            for p in e.problems() {
+                problems.push(format!("CONFIG_PATH {}: {p}", l.config.display()));
+            }
+            Err(problems)
+        }
+    }
+}
+
+/// Writes both scripts into the submission directory and returns the controller's path.
+pub(crate) fn write_scripts(l: &Launch, scripts: &render::Scripts) -> Result<std::path::PathBuf> {
+    let dir = &l.submission_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, text) in [
+        (render::TRAIN_FILE, &scripts.train),
+        (render::CONTROLLER_FILE, &scripts.controller),
+    ] {
+        write_executable(&dir.join(name), text)?;
+    }
+    Ok(dir.join(render::CONTROLLER_FILE))
+}
+
+fn write_executable(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Submits the controller and returns its job id.
+///
+/// The child's environment drops the credentials (only the credentials file carries them), the variables
+/// that would shadow the controller's directives, and the `SLURM_*` settings of any allocation this runs in.
+fn sbatch(controller: &Path, env: &Env) -> Result<String> {
+    let mut cmd = Command::new("sbatch");
+    cmd.arg("--parsable").arg(controller);
+    for (name, _) in env.iter() {
+        let shadow = CONTROLLER_SHADOWS.contains(&name)
+            || validate::CREDENTIALS[1..].contains(&name)
+            || (name.starts_with("SLURM_") && name != "SLURM_CONF");
+        if shadow {
+            cmd.env_remove(name);
+        }
+    }
+    let out = cmd
+        .output()
+        .context("running sbatch (is the Slurm client installed and on PATH?)")?;
+    if !out.status.success() {
+        bail!(
+            "sbatch --parsable {} failed ({}): {}",
+            controller.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let id = stdout.trim().split(';').next().unwrap_or("").to_string();
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        bail!("sbatch --parsable printed no job id: {:?}", stdout.trim());
+    }
+    Ok(id)
+}

@@ -1,0 +1,325 @@
+//! Launch profiles: the reference's `grpo` smoke profile, the `flash-v3` profile with its node-count table and
+//! token-length rules, and `local` (one node, no GPU).
+//!
+//! A profile fixes ten knobs (what `--print-profile` prints) and the placement of `arena-rl` roles on the GPU
+//! job's nodes. The knobs reach the run config as dotted overrides on the `arena-rl train` command line.
+
+use super::env::Env;
+use super::validate::Problems;
+
+/// Which launch profile `cargo xtask submit` renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Profile {
+    /// One node, no GPU: the quickstart-sized run, for tests and small sites.
+    Local,
+    /// The reference's two-node smoke profile (`arena_grpo.yaml`).
+    Grpo,
+    /// The reference's Flash V3 profile: `N_NODES` 2, 4, 8 or 16.
+    #[value(name = "flash-v3")]
+    FlashV3,
+}
+
+impl Profile {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Profile::Local => "local",
+            Profile::Grpo => "grpo",
+            Profile::FlashV3 => "flash-v3",
+        }
+    }
+
+    /// The profile's run config, relative to the checkout.
+    pub(crate) fn default_config(self) -> &'static str {
+        match self {
+            Profile::Local => "examples/configs/local.yaml",
+            Profile::Grpo => "examples/configs/grpo.yaml",
+            Profile::FlashV3 => "examples/configs/flash_v3.yaml",
+        }
+    }
+
+    /// GPUs a node of the GPU job has when `N_GPUS_PER_NODE` does not say.
+    fn default_gpus_per_node(self) -> u32 {
+        match self {
+            Profile::Local => 0,
+            Profile::Grpo | Profile::FlashV3 => 8,
+        }
+    }
+
+    /// Whether the controller job is the reference's CPU-only job (4 CPUs, 16G, `--gres=gpu:0`) or a small one
+    /// that fits on a laptop-sized node next to the training job.
+    pub(crate) fn small_controller(self) -> bool {
+        self == Profile::Local
+    }
+}
+
+/// The Flash V3 topology table: `N_NODES` -> (Megatron actor layout, SGLang rollout layout).
+pub(crate) const FLASH_V3_TOPOLOGY: [(u32, &str, &str); 4] = [
+    (2, "megatron:(attn:d1p2t4c2|ffn:d1p2e8)", "sglang:d4t4p1"),
+    (4, "megatron:(attn:d2p2t4c2|ffn:d2p2e8)", "sglang:d8t4p1"),
+    (8, "megatron:(attn:d2p2t2c8|ffn:d4p2e8)", "sglang:d16t4p1"),
+    (16, "megatron:(attn:d4p2t2c8|ffn:d8p2e8)", "sglang:d32t4p1"),
+];
+
+/// The ten knobs of a profile, as `--print-profile` prints them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Knobs {
+    /// The reference's node count for the profile (`N_NODES` for Flash V3).
+    pub(crate) nodes: u32,
+    /// The reference's trainer layout (`fsdp:...`, `megatron:...`, or `burn:cpu`).
+    pub(crate) actor: String,
+    /// The reference's rollout layout (`sglang:dDtTpP`, or `in-process`).
+    pub(crate) rollout: String,
+    pub(crate) context: u64,
+    pub(crate) max_tokens: u64,
+    pub(crate) max_new_tokens: u64,
+    pub(crate) batch: u64,
+    pub(crate) samples: u64,
+    pub(crate) steps: u64,
+    pub(crate) concurrency: u64,
+}
+
+impl Knobs {
+    /// The ten `key=value` lines of `--print-profile`, in the reference's order.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        vec![
+            format!("nodes={}", self.nodes),
+            format!("actor={}", self.actor),
+            format!("rollout={}", self.rollout),
+            format!("context={}", self.context),
+            format!("max_tokens={}", self.max_tokens),
+            format!("max_new_tokens={}", self.max_new_tokens),
+            format!("batch={}", self.batch),
+            format!("samples={}", self.samples),
+            format!("steps={}", self.steps),
+            format!("concurrency={}", self.concurrency),
+        ]
+    }
+}
+
+/// Reads the profile's knobs, applying the Flash V3 rules to its environment variables.
+pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option<Knobs> {
+    match profile {
+        // The quickstart's sizes (examples/configs/quickstart.yaml).
+        Profile::Local => Some(Knobs {
+            nodes: 1,
+            actor: "burn:cpu".into(),
+            rollout: "in-process".into(),
+            context: 2048,
+            max_tokens: 2047,
+            max_new_tokens: 64,
+            batch: 2,
+            samples: 2,
+            steps: 2,
+            concurrency: 4,
+        }),
+        Profile::Grpo => Some(Knobs {
+            nodes: 2,
+            actor: "fsdp:d8p1t1".into(),
+            rollout: "sglang:d4p1t2".into(),
+            context: 32768,
+            max_tokens: 32767,
+            max_new_tokens: 8192,
+            batch: 8,
+            samples: 2,
+            steps: 1,
+            concurrency: 16,
+        }),
+        Profile::FlashV3 => flash_v3(env, problems),
+    }
+}
+
+fn flash_v3(env: &Env, problems: &mut Problems) -> Option<Knobs> {
+    let before = problems.len();
+    let nodes = match env.get("N_NODES").unwrap_or("8") {
+        "2" => Some(2),
+        "4" => Some(4),
+        "8" => Some(8),
+        "16" => Some(16),
+        other => {
+            problems.push(format!("N_NODES must be 2, 4, 8 or 16, got '{other}'"));
+            None
+        }
+    };
+    let context = match env.get("CONTEXT_LENGTH").unwrap_or("131072") {
+        s if is_decimal(s) => match s.parse::<u64>() {
+            Ok(n) if n >= 2 => Some(n),
+            _ => {
+                problems.push(format!("CONTEXT_LENGTH must be at least 2, got '{s}'"));
+                None
+            }
+        },
+        s => {
+            problems.push(format!(
+                "CONTEXT_LENGTH must be a positive decimal integer without leading zeros, got '{s}'"
+            ));
+            None
+        }
+    };
+    let max_tokens = below_context(env, "MAX_TOKENS", context, problems);
+    let max_new_tokens = below_context(env, "MAX_NEW_TOKENS", context, problems);
+    let batch = positive(env, "TRAIN_BATCH_SIZE", 32, problems);
+    let samples = positive(env, "N_SAMPLES", 12, problems);
+    let steps = positive(env, "TOTAL_TRAIN_STEPS", 500, problems);
+    let concurrency = positive(env, "MAX_CONCURRENT_ROLLOUTS", 1500, problems);
+    if problems.len() != before {
+        return None;
+    }
+    let (nodes, context) = (nodes?, context?);
+    let (_, actor, rollout) = FLASH_V3_TOPOLOGY
+        .iter()
+        .find(|(n, _, _)| *n == nodes)
+        .expect("N_NODES was checked against the table");
+    Some(Knobs {
+        nodes,
+        actor: (*actor).into(),
+        rollout: (*rollout).into(),
+        context,
+        max_tokens: max_tokens.unwrap_or(context - 1),
+        max_new_tokens: max_new_tokens.or(max_tokens).unwrap_or(context - 1),
+        batch: batch?,
+        samples: samples?,
+        steps: steps?,
+        concurrency: concurrency?,
+    })
+}
+
+/// `MAX_TOKENS` / `MAX_NEW_TOKENS`: unset means the default (`None`); set, a positive integer strictly below
+/// `CONTEXT_LENGTH`.
+fn below_context(env: &Env, name: &str, context: Option<u64>, problems: &mut Problems) -> Option<u64> {
+    let s = env.get(name)?;
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 && s.bytes().all(|b| b.is_ascii_digit()) => {
+            if let Some(c) = context
+                && n >= c
+            {
+                problems.push(format!(
+                    "{name} must be less than CONTEXT_LENGTH ({c}), got '{s}'"
+                ));
+                return None;
+            }
+            Some(n)
+        }
+        _ => {
+            problems.push(format!("{name} must be a positive integer, got '{s}'"));
+            None
+        }
+    }
+}
+
+fn positive(env: &Env, name: &str, default: u64, problems: &mut Problems) -> Option<u64> {
+    let Some(s) = env.get(name) else {
+        return Some(default);
+    };
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 && s.bytes().all(|b| b.is_ascii_digit()) => Some(n),
+        _ => {
+            problems.push(format!("{name} must be a positive integer, got '{s}'"));
+            None
+        }
+    }
+}
+
+/// A positive decimal without a leading zero (`^[1-9][0-9]*$`).
+fn is_decimal(s: &str) -> bool {
+    s.bytes().next().is_some_and(|b| (b'1'..=b'9').contains(&b)) && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Where the GPU job's `arena-rl` roles run.
+///
+/// burn trains on one node today (rank 0 runs `arena-rl train`: the loop, the rollout proxy and the trainer).
+/// The rollout layout `sglang:dDtTpP` becomes D `arena-rl serve-policy` replicas with T x P GPUs each, packed
+/// onto whole nodes after the trainer's; the trainer reaches them through `rollout.policy_servers`.
+/// Without a rollout layout (`in-process`) the policy is served inside the trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// GPUs each node of the GPU job asks for (`--gres=gpu:N`); 0 asks for none.
+    pub(crate) gpus_per_node: u32,
+    /// Nodes that run `arena-rl serve-policy` replicas.
+    pub(crate) serve_nodes: u32,
+    /// `serve-policy` replicas on each of those nodes.
+    pub(crate) replicas_per_node: u32,
+    /// GPUs made visible to each replica (burn uses the first; tensor and pipeline parallelism are future work).
+    pub(crate) gpus_per_replica: u32,
+}
+
+impl Placement {
+    /// Nodes the GPU job allocates: the trainer's one, then the policy servers'.
+    pub(crate) fn job_nodes(&self) -> u32 {
+        1 + self.serve_nodes
+    }
+}
+
+/// Parses a rollout layout `sglang:dDtTpP` (letters in any order, each at most once, missing ones 1) into
+/// (replicas, GPUs per replica).
+pub(crate) fn parse_sglang(layout: &str) -> Option<(u32, u32)> {
+    let spec = layout.strip_prefix("sglang:")?;
+    let (mut d, mut t, mut p) = (None, None, None);
+    let mut rest = spec;
+    while let Some(letter) = rest.chars().next() {
+        let digits = rest[1..].bytes().take_while(u8::is_ascii_digit).count();
+        let n: u32 = rest[1..1 + digits].parse().ok().filter(|n| *n > 0)?;
+        let slot = match letter {
+            'd' => &mut d,
+            't' => &mut t,
+            'p' => &mut p,
+            _ => return None,
+        };
+        if slot.replace(n).is_some() {
+            return None;
+        }
+        rest = &rest[1 + digits..];
+    }
+    Some((d.unwrap_or(1), t.unwrap_or(1) * p.unwrap_or(1)))
+}
+
+/// Places the roles for `knobs` on nodes with `N_GPUS_PER_NODE` GPUs (default 8 for GPU profiles, 0 for `local`).
+pub(crate) fn placement(
+    profile: Profile,
+    knobs: &Knobs,
+    env: &Env,
+    problems: &mut Problems,
+) -> Option<Placement> {
+    let gpus_per_node = match env.get("N_GPUS_PER_NODE") {
+        None => profile.default_gpus_per_node(),
+        Some(s) => match s.parse::<u32>() {
+            Ok(n) if s.bytes().all(|b| b.is_ascii_digit()) && n <= 64 => n,
+            _ => {
+                problems.push(format!(
+                    "N_GPUS_PER_NODE must be an integer from 0 to 64, got '{s}'"
+                ));
+                return None;
+            }
+        },
+    };
+    if knobs.rollout == "in-process" {
+        return Some(Placement {
+            gpus_per_node,
+            serve_nodes: 0,
+            replicas_per_node: 0,
+            gpus_per_replica: 0,
+        });
+    }
+    let (replicas, per_replica) =
+        parse_sglang(&knobs.rollout).expect("profile rollout layouts are well formed");
+    if gpus_per_node == 0 || gpus_per_node % per_replica != 0 {
+        problems.push(format!(
+            "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {} ({replicas} replicas of {per_replica} GPUs each)",
+            knobs.rollout
+        ));
+        return None;
+    }
+    let replicas_per_node = (gpus_per_node / per_replica).min(replicas);
+    if replicas % replicas_per_node != 0 {
+        problems.push(format!(
+            "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {}: {replicas} replicas do not fill whole nodes of {replicas_per_node}",
+            knobs.rollout
+        ));
+        return None;
+    }
+    Some(Placement {
+        gpus_per_node,
+        serve_nodes: replicas / replicas_per_node,
+        replicas_per_node,
+        gpus_per_replica: per_replica,
+    })
+}

@@ -1,0 +1,271 @@
+//! Renders the two batch scripts of a submission from a validated [`Launch`]: `controller.sbatch` (CPU only:
+//! preflight, then submit and supervise the GPU job) and `train.sbatch` (the GPU job: `arena-rl` roles placed
+//! with `srun`).
+//!
+//! The templates under `templates/` are plain bash with `{{name}}` placeholders. A placeholder alone on a line
+//! is a block: it is replaced by zero or more whole lines. Every value is single-quoted for the shell, and no
+//! credential is ever a value: the scripts carry only the credentials file's path.
+
+use std::fmt::Write as _;
+
+use super::Mode;
+use super::profile::Profile;
+use super::validate::Launch;
+
+const CONTROLLER: &str = include_str!("templates/controller.sh");
+const TRAIN: &str = include_str!("templates/train.sh");
+
+/// The file names of the rendered scripts inside the submission directory.
+pub(crate) const CONTROLLER_FILE: &str = "controller.sbatch";
+pub(crate) const TRAIN_FILE: &str = "train.sbatch";
+
+/// The two rendered scripts.
+#[derive(Debug, Clone)]
+pub(crate) struct Scripts {
+    pub(crate) controller: String,
+    pub(crate) train: String,
+}
+
+pub(crate) fn render(l: &Launch) -> Scripts {
+    let common = common(l);
+    let mut controller_vars = common.clone();
+    controller_vars.extend([
+        ("controller_resources", controller_resources(l.profile)),
+        ("controller_time", l.controller_time.clone()),
+        (
+            "check_note",
+            match l.mode {
+                Mode::CheckArena => ", --check-arena: preflight only".into(),
+                Mode::Submit => String::new(),
+            },
+        ),
+        ("preflight", preflight(l)),
+    ]);
+    let mut train_vars = common;
+    train_vars.extend([
+        ("job_nodes", l.placement.job_nodes().to_string()),
+        ("train_resources", train_resources(l)),
+        ("worker_time", l.worker_time.clone()),
+        ("gpus_per_node", l.placement.gpus_per_node.to_string()),
+        ("replicas_per_node", l.placement.replicas_per_node.to_string()),
+        ("tasks_per_node", l.placement.replicas_per_node.max(1).to_string()),
+        ("placement", placement(l)),
+        ("gpus_per_replica", l.placement.gpus_per_replica.to_string()),
+        ("train_args", train_args(l)),
+    ]);
+    Scripts {
+        controller: fill(CONTROLLER, &controller_vars),
+        train: fill(TRAIN, &train_vars),
+    }
+}
+
+/// The dotted overrides the profile passes to `arena-rl train`, before the user's.
+///
+/// Only keys the run-config schema has today are set here; see docs/slurm.md for the knobs that are not wired
+/// yet.
+pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
+    let k = &l.knobs;
+    let mut o = vec![
+        format!("trial_name={}", l.trial),
+        format!("cluster.fileroot={}", l.fileroot.display()),
+        format!("cluster.n_nodes={}", l.placement.job_nodes()),
+        format!("cluster.n_gpus_per_node={}", l.placement.gpus_per_node),
+        format!("train_dataset.batch_size={}", k.batch),
+        format!("gconfig.n_samples={}", k.samples),
+        format!("gconfig.max_new_tokens={}", k.max_new_tokens),
+        format!("actor.total_train_steps={}", k.steps),
+    ];
+    if let Some(d) = &l.dataset_config {
+        o.push(format!("econfig.arena_streams_file={}", d.display()));
+    }
+    o
+}
+
+fn common(l: &Launch) -> Vec<(&'static str, String)> {
+    vec![
+        ("trial", l.trial.clone()),
+        ("profile", l.profile.name().into()),
+        ("areal_dir", l.areal_dir.display().to_string()),
+        ("submission_dir", l.submission_dir.display().to_string()),
+        ("site_directives", site_directives(l)),
+        ("host", l.host.clone()),
+        ("timestamp", l.timestamp.clone()),
+        ("launch_values", launch_values(l)),
+    ]
+}
+
+/// The variables both scripts export before anything else (and again after sourcing the credentials file).
+pub(crate) fn launch_env(l: &Launch) -> Vec<(&'static str, String)> {
+    let path = |p: &std::path::Path| Some(p.display().to_string());
+    let values: Vec<(&'static str, Option<String>)> = vec![
+        ("AREAL_DIR", path(&l.areal_dir)),
+        ("CONFIG_PATH", path(&l.config)),
+        ("AREAL_CONTAINER_BIN", Some(l.container_bin.clone())),
+        ("AREAL_IMAGE", l.image.as_deref().and_then(path)),
+        ("ROLLOUT_IMAGE", l.rollout_image.as_deref().and_then(path)),
+        ("AREAL_CONTROLLER_MOUNTS", l.controller_mounts.clone()),
+        ("AREAL_WORKER_MOUNTS", l.worker_mounts.clone()),
+        ("MODEL_PATH", path(&l.model)),
+        ("AREAL_FILEROOT", path(&l.fileroot)),
+        ("ARENA_CREDENTIALS_FILE", path(&l.credentials)),
+        ("ARENA_RL_BIN", path(&l.bin)),
+        ("TRIAL_NAME", Some(l.trial.clone())),
+        ("ARENA_SUBMISSION_DIR", path(&l.submission_dir)),
+        (
+            "ARENA_CHECK_ONLY",
+            Some(match l.mode {
+                Mode::CheckArena => "--check-arena".into(),
+                Mode::Submit => String::new(),
+            }),
+        ),
+        ("ARENA_STREAM_ID", l.stream_id.clone()),
+        ("ARENA_OPENAPI_BASE", l.openapi_base.clone()),
+        ("ARENA_PREFLIGHT_MIN_TASKS", Some(l.min_tasks.to_string())),
+        ("SBATCH_TIMELIMIT", Some(l.worker_time.clone())),
+        ("DATASET_CONFIG", l.dataset_config.as_deref().and_then(path)),
+        ("ARENA_POLICY_PORT", Some(l.policy_port.to_string())),
+        ("ARENA_SUPERVISE_INTERVAL", Some(l.supervise_interval.to_string())),
+        ("SLURM_EXPORT_ENV", Some("ALL".into())),
+    ];
+    values
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+        .collect()
+}
+
+fn launch_values(l: &Launch) -> String {
+    let mut out = String::new();
+    for (name, value) in launch_env(l) {
+        let _ = writeln!(out, "    export {name}={}", quote(&value));
+    }
+    out.trim_end().to_string()
+}
+
+fn controller_resources(profile: Profile) -> String {
+    if profile.small_controller() {
+        "#SBATCH --cpus-per-task=1\n#SBATCH --mem=2G".into()
+    } else {
+        "#SBATCH --cpus-per-task=4\n#SBATCH --mem=16G\n#SBATCH --gres=gpu:0".into()
+    }
+}
+
+fn train_resources(l: &Launch) -> String {
+    match l.placement.gpus_per_node {
+        0 => String::new(),
+        g => format!("#SBATCH --gres=gpu:{g}"),
+    }
+}
+
+fn placement(l: &Launch) -> String {
+    let p = &l.placement;
+    if p.serve_nodes == 0 {
+        return "# Placement: one node runs `arena-rl train`: the loop, the rollout proxy and the policy, served\n\
+                # in-process."
+            .into();
+    }
+    let plural = |n: u32, one: &str, many: &str| {
+        if n == 1 {
+            format!("{n} {one}")
+        } else {
+            format!("{n} {many}")
+        }
+    };
+    format!(
+        "# Placement: the first node runs `arena-rl train` (the loop, the rollout proxy and the trainer); the\n\
+         # other {} each run {} of {} (burn uses the first; docs/slurm.md).",
+        plural(p.serve_nodes, "node", "nodes"),
+        plural(
+            p.replicas_per_node,
+            "`arena-rl serve-policy` replica",
+            "`arena-rl serve-policy` replicas"
+        ),
+        plural(p.gpus_per_replica, "GPU", "GPUs"),
+    )
+}
+
+fn site_directives(l: &Launch) -> String {
+    [
+        ("partition", &l.partition),
+        ("account", &l.account),
+        ("reservation", &l.reservation),
+    ]
+    .into_iter()
+    .filter_map(|(flag, v)| v.as_ref().map(|v| format!("#SBATCH --{flag}={v}")))
+    .collect::<Vec<_>>()
+    .join("\n")
+}
+
+fn preflight(l: &Launch) -> String {
+    let tail = "--base-url \"$ARENA_OPENAPI_BASE\" \\\n        \
+                --min-terminal-tasks \"$ARENA_PREFLIGHT_MIN_TASKS\" --output \"$ARENA_SUBMISSION_DIR/preflight.json\"";
+    if l.dataset_config.is_some() {
+        format!("    \"$ARENA_RL_BIN\" preflight --streams-file \"$DATASET_CONFIG\" {tail}")
+    } else {
+        format!(
+            "    ARENA_STREAMS_B64=\"$(\"$ARENA_RL_BIN\" streams project \"$CONFIG_PATH\")\"\n    \
+             export ARENA_STREAMS_B64\n    \
+             \"$ARENA_RL_BIN\" preflight --streams-env-b64 ARENA_STREAMS_B64 {tail}"
+        )
+    }
+}
+
+/// The arguments of `arena-rl train` after `--config`: the profile's overrides, the policy servers, then the
+/// user's overrides (later ones win).
+fn train_args(l: &Launch) -> String {
+    let mut args: Vec<String> = profile_overrides(l).iter().map(|o| quote(o)).collect();
+    args.push("\"rollout.policy_servers=[$ARENA_POLICY_SERVERS]\"".into());
+    args.extend(l.overrides.iter().map(|o| quote(o)));
+    let indent = "                ";
+    args.iter()
+        .map(|a| format!("{indent}{a}"))
+        .collect::<Vec<_>>()
+        .join(" \\\n")
+}
+
+/// Quotes a value for bash: single quotes, with `'` written as `'\''`.
+pub(crate) fn quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-./:=@,+%".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Replaces `{{name}}` placeholders in one pass (values are never scanned for placeholders); a placeholder
+/// alone on a line is replaced with its lines, or removed with its line when empty.
+fn fill(template: &str, vars: &[(&str, String)]) -> String {
+    let lookup = |name: &str| {
+        vars.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("the template placeholder {{{{{name}}}}} has no value"))
+    };
+    let mut out = String::with_capacity(template.len() * 2);
+    for line in template.lines() {
+        if let Some(name) = line.strip_prefix("{{").and_then(|l| l.strip_suffix("}}"))
+            && !name.contains('}')
+        {
+            let value = lookup(name);
+            if !value.is_empty() {
+                out.push_str(value);
+                out.push('\n');
+            }
+            continue;
+        }
+        let mut rest = line;
+        while let Some(start) = rest.find("{{") {
+            let end = rest[start..]
+                .find("}}")
+                .map(|e| start + e)
+                .unwrap_or_else(|| panic!("unclosed placeholder in template line {line:?}"));
+            out.push_str(&rest[..start]);
+            out.push_str(lookup(&rest[start + 2..end]));
+            rest = &rest[end + 2..];
+        }
+        out.push_str(rest);
+        out.push('\n');
+    }
+    out
+}

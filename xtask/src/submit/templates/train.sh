@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+#SBATCH --job-name={{trial}}-train
+#SBATCH --nodes={{job_nodes}}
+#SBATCH --ntasks-per-node={{tasks_per_node}}
+{{train_resources}}
+#SBATCH --time={{worker_time}}
+#SBATCH --export=ALL
+#SBATCH --chdir={{areal_dir}}
+#SBATCH --output={{submission_dir}}/train-%j.log
+{{site_directives}}
+#
+# The arena-rl GPU job of trial {{trial}} (profile {{profile}}), submitted by controller.sbatch after its
+# preflight passed. Rendered by `cargo xtask submit` on {{host}} at {{timestamp}}; docs/slurm.md explains it.
+{{placement}}
+# It holds no credential: each step sources ARENA_CREDENTIALS_FILE itself.
+set -euo pipefail
+set +x
+
+# Launch values. They are set again after the credentials file is sourced: explicit launch values win.
+launch_values() {
+{{launch_values}}
+}
+launch_values
+
+gpus_per_node={{gpus_per_node}}
+replicas_per_node={{replicas_per_node}}
+gpus_per_replica={{gpus_per_replica}}
+
+# One role, run by srun (inside the container): `train.sbatch --step trainer|policy-server`.
+if [[ "${1:-}" == --step ]]; then
+    set -a
+    # shellcheck disable=SC1090
+    . "$ARENA_CREDENTIALS_FILE"
+    set +a
+    launch_values
+    for name in ARENA_OPENAPI_BASE ARENA_OPENAPI_TOKEN ARENA_LLM_API_KEY SWE_RL_ADMIN_API_KEY; do
+        if [[ -z "${!name:-}" ]]; then
+            echo "train: $name is not set; export it from $ARENA_CREDENTIALS_FILE" >&2
+            exit 2
+        fi
+    done
+    unset ALL_PROXY HTTP_PROXY HTTPS_PROXY all_proxy http_proxy https_proxy
+    cd "$AREAL_DIR"
+    case "${2:-}" in
+        trainer)
+            exec "$ARENA_RL_BIN" train --config "$CONFIG_PATH" \
+{{train_args}}
+            ;;
+        policy-server)
+            # One replica per task: its port and its GPUs follow its rank on the node.
+            local_id="${SLURM_LOCALID:-0}"
+            if ((gpus_per_replica > 0)); then
+                IFS=, read -r -a gpus <<<"${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((gpus_per_node - 1)))}"
+                mine=("${gpus[@]:local_id*gpus_per_replica:gpus_per_replica}")
+                CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${mine[*]}")"
+                export CUDA_VISIBLE_DEVICES
+            fi
+            exec "$ARENA_RL_BIN" serve-policy --model "$MODEL_PATH" --host 0.0.0.0 \
+                --port "$((ARENA_POLICY_PORT + local_id))"
+            ;;
+        *)
+            echo "train: unknown step '${2:-}'" >&2
+            exit 2
+            ;;
+    esac
+fi
+
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+trainer_node="${nodes[0]}"
+serve_nodes=("${nodes[@]:1}")
+servers=()
+for node in "${serve_nodes[@]}"; do
+    for ((i = 0; i < replicas_per_node; i++)); do
+        servers+=("http://$node:$((ARENA_POLICY_PORT + i))")
+    done
+done
+ARENA_POLICY_SERVERS="$(IFS=,; echo "${servers[*]}")"
+export ARENA_POLICY_SERVERS
+echo "train: trial $TRIAL_NAME: trainer on $trainer_node; policy servers: ${ARENA_POLICY_SERVERS:-in-process}"
+
+trainer_container=()
+server_container=()
+if [[ "$AREAL_CONTAINER_BIN" != none ]]; then
+    run=("$AREAL_CONTAINER_BIN" exec --no-eval --pid --writable-tmpfs)
+    if ((gpus_per_node > 0)); then
+        run+=(--nv)
+    fi
+    trainer_container=("${run[@]}" --bind "$AREAL_WORKER_MOUNTS" "$AREAL_IMAGE")
+    server_container=("${run[@]}" --bind "$AREAL_WORKER_MOUNTS" "$ROLLOUT_IMAGE")
+fi
+
+servers_pid=""
+if ((${#serve_nodes[@]} > 0)); then
+    srun --nodes="${#serve_nodes[@]}" --ntasks-per-node="$replicas_per_node" \
+        --nodelist="$(IFS=,; echo "${serve_nodes[*]}")" --export=ALL \
+        "${server_container[@]}" bash "$ARENA_SUBMISSION_DIR/train.sbatch" --step policy-server &
+    servers_pid=$!
+fi
+srun --nodes=1 --ntasks=1 --nodelist="$trainer_node" --export=ALL \
+    "${trainer_container[@]}" bash "$ARENA_SUBMISSION_DIR/train.sbatch" --step trainer &
+trainer_pid=$!
+
+stop() {
+    for pid in "$@"; do
+        kill "$pid" 2>/dev/null || true
+    done
+}
+trap 'stop "$trainer_pid" $servers_pid; wait; exit 143' TERM INT
+
+# Whichever step ends first decides: the trainer's status is the job's; policy servers that end before the
+# trainer fail the job.
+wait -n || true
+if kill -0 "$trainer_pid" 2>/dev/null; then
+    echo "train: the policy servers ended before the trainer; stopping it" >&2
+    stop "$trainer_pid"
+    wait || true
+    exit 1
+fi
+status=0
+wait "$trainer_pid" || status=$?
+stop $servers_pid
+wait || true
+echo "train: the trainer exited with status $status"
+exit "$status"

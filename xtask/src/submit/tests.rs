@@ -1,0 +1,722 @@
+//! Tests of `cargo xtask submit` short of Slurm: validation (one test per error), profiles, the rendered
+//! scripts (insta snapshots for both profiles and every `N_NODES`, plus `bash -n`), and the config check.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::profile::{self, Profile};
+use super::validate::{self, Launch, Problems};
+use super::{Ctx, Env, Mode, check_config, render};
+
+/// A shared filesystem as a cluster site has it: a checkout with a built binary, an image, a model directory,
+/// a file root, a credentials file and a streams file.
+struct Site {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Site {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().canonicalize().expect("canonical temp dir");
+        let checkout = root.join("arena-rl");
+        for profile in [Profile::Local, Profile::Grpo, Profile::FlashV3] {
+            write(&checkout.join(profile.default_config()), "experiment_name: x\n");
+        }
+        write(
+            &checkout.join("examples/configs/flash_v3_streams.yaml"),
+            "streams: []\n",
+        );
+        let bin = checkout.join("target/release/arena-rl");
+        write(&bin, "#!/bin/sh\n");
+        chmod(&bin, 0o755);
+        write(&root.join("images/arena-rl.sif"), "image");
+        std::fs::create_dir_all(root.join("models/policy")).expect("model dir");
+        std::fs::create_dir_all(root.join("runs")).expect("file root");
+        write(
+            &root.join("secrets/arena.env"),
+            "export ARENA_OPENAPI_TOKEN=from-the-file\n",
+        );
+        Self { _dir: dir, root }
+    }
+
+    fn path(&self, rel: &str) -> String {
+        self.root.join(rel).display().to_string()
+    }
+
+    /// A complete, valid launch environment.
+    fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AREAL_IMAGE", self.path("images/arena-rl.sif")),
+            ("AREAL_PYTHON", "/usr/bin/python3".into()),
+            ("MODEL_PATH", self.path("models/policy")),
+            ("AREAL_FILEROOT", self.path("runs")),
+            ("ARENA_CREDENTIALS_FILE", self.path("secrets/arena.env")),
+            ("AREAL_CONTROLLER_MOUNTS", format!("{0}:{0}", self.root.display())),
+            ("AREAL_WORKER_MOUNTS", format!("{0}:{0}", self.root.display())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            timestamp: "20260102-030405".into(),
+            pid: 4242,
+            host: "login01".into(),
+            checkout: self.root.join("arena-rl"),
+        }
+    }
+
+    /// Validates the base environment changed by `changes` (`None` removes a variable).
+    fn launch(
+        &self,
+        profile: Profile,
+        mode: Mode,
+        changes: &[(&str, Option<&str>)],
+        overrides: &[&str],
+    ) -> Result<Launch, Problems> {
+        let mut vars = self.env();
+        for (name, value) in changes {
+            vars.retain(|(k, _)| k != name);
+            if let Some(v) = value {
+                vars.push((name.to_string(), v.to_string()));
+            }
+        }
+        let env: Env = vars.into_iter().collect();
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        validate::validate(profile, mode, &overrides, &env, &self.ctx())
+    }
+
+    /// Rendered scripts with the temporary root shown as `/shared`.
+    fn scripts(&self, launch: &Launch) -> (String, String) {
+        let s = render::render(launch);
+        let root = self.root.display().to_string();
+        (
+            s.controller.replace(&root, "/shared"),
+            s.train.replace(&root, "/shared"),
+        )
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("parent dir");
+    std::fs::write(path, text).expect("write");
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A change to the base environment: a new value, or `None` to remove the variable.
+type Change<'a> = (&'a str, Option<&'a str>);
+
+/// One validation case: `changes` to a valid environment produce exactly `want` (with the site root shown as
+/// `/shared`).
+fn check(profile: Profile, changes: &[(&str, Option<&str>)], overrides: &[&str], want: &[&str]) {
+    let site = Site::new();
+    let changes: Vec<(&str, Option<String>)> = changes
+        .iter()
+        .map(|(k, v)| {
+            (
+                *k,
+                v.map(|v| v.replace("/shared", &site.root.display().to_string())),
+            )
+        })
+        .collect();
+    let changes: Vec<(&str, Option<&str>)> = changes.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+    let got = match site.launch(profile, Mode::Submit, &changes, overrides) {
+        Ok(_) => Vec::new(),
+        Err(p) => p
+            .lines()
+            .iter()
+            .map(|l| l.replace(&site.root.display().to_string(), "/shared"))
+            .collect(),
+    };
+    assert_eq!(got, want, "changes {changes:?}, overrides {overrides:?}");
+}
+
+#[test]
+fn a_complete_environment_is_valid_for_every_profile() {
+    for profile in [Profile::Local, Profile::Grpo, Profile::FlashV3] {
+        check(profile, &[], &[], &[]);
+    }
+    // The container's variables are not needed on the host.
+    check(
+        Profile::Grpo,
+        &[
+            ("AREAL_CONTAINER_BIN", Some("none")),
+            ("AREAL_IMAGE", None),
+            ("AREAL_CONTROLLER_MOUNTS", None),
+            ("AREAL_WORKER_MOUNTS", None),
+        ],
+        &[],
+        &[],
+    );
+}
+
+#[test]
+fn each_invalid_variable_is_one_line_naming_it() {
+    use Profile::Grpo;
+    let cases: &[(&str, Option<&str>, &str)] = &[
+        (
+            "AREAL_DIR",
+            Some("arena-rl"),
+            "AREAL_DIR must be an absolute shared path, got 'arena-rl'",
+        ),
+        (
+            "AREAL_DIR",
+            Some("/shared/images/arena-rl.sif"),
+            "AREAL_DIR is not a directory: '/shared/images/arena-rl.sif'",
+        ),
+        (
+            "CONFIG_PATH",
+            Some("examples/configs/missing.yaml"),
+            "CONFIG_PATH is not a readable file: '/shared/arena-rl/examples/configs/missing.yaml'",
+        ),
+        (
+            "CONFIG_PATH",
+            Some("/shared/models"),
+            "CONFIG_PATH is not a readable file: '/shared/models'",
+        ),
+        (
+            "AREAL_CONTAINER_BIN",
+            Some("apptainer --debug"),
+            "AREAL_CONTAINER_BIN must be a command name or path without spaces or quotes, or 'none', got 'apptainer --debug'",
+        ),
+        (
+            "AREAL_IMAGE",
+            None,
+            "AREAL_IMAGE is required (the container image the jobs run in)",
+        ),
+        (
+            "AREAL_IMAGE",
+            Some("images/arena-rl.sif"),
+            "AREAL_IMAGE must be an absolute shared path, got 'images/arena-rl.sif'",
+        ),
+        (
+            "AREAL_IMAGE",
+            Some("/shared/images/missing.sif"),
+            "AREAL_IMAGE is not readable: '/shared/images/missing.sif'",
+        ),
+        (
+            "ROLLOUT_IMAGE",
+            Some("/shared/images/sglang.sif"),
+            "ROLLOUT_IMAGE is not readable: '/shared/images/sglang.sif'",
+        ),
+        (
+            "AREAL_CONTROLLER_MOUNTS",
+            None,
+            "AREAL_CONTROLLER_MOUNTS is required (the --bind list of the controller's container)",
+        ),
+        (
+            "AREAL_WORKER_MOUNTS",
+            None,
+            "AREAL_WORKER_MOUNTS is required (the --bind list of the workers' containers)",
+        ),
+        (
+            "AREAL_WORKER_MOUNTS",
+            Some("/a:/a\n/b"),
+            "AREAL_WORKER_MOUNTS must not contain control characters",
+        ),
+        (
+            "MODEL_PATH",
+            None,
+            "MODEL_PATH is required (the policy's model directory)",
+        ),
+        (
+            "MODEL_PATH",
+            Some("models/policy"),
+            "MODEL_PATH must be an absolute shared path, got 'models/policy'",
+        ),
+        (
+            "MODEL_PATH",
+            Some("/shared/images/arena-rl.sif"),
+            "MODEL_PATH is not a readable directory: '/shared/images/arena-rl.sif'",
+        ),
+        (
+            "AREAL_FILEROOT",
+            None,
+            "AREAL_FILEROOT is required (the shared directory for run outputs)",
+        ),
+        (
+            "AREAL_FILEROOT",
+            Some("runs"),
+            "AREAL_FILEROOT must be an absolute shared path, got 'runs'",
+        ),
+        (
+            "AREAL_FILEROOT",
+            Some("/shared/my runs"),
+            "AREAL_FILEROOT must not contain whitespace or quotes (it appears in #SBATCH directives), got '/shared/my runs'",
+        ),
+        (
+            "ARENA_CREDENTIALS_FILE",
+            None,
+            "ARENA_CREDENTIALS_FILE is required (the file that exports ARENA_OPENAPI_BASE, ARENA_OPENAPI_TOKEN, ARENA_LLM_API_KEY and SWE_RL_ADMIN_API_KEY)",
+        ),
+        (
+            "ARENA_CREDENTIALS_FILE",
+            Some("~/arena.env"),
+            "ARENA_CREDENTIALS_FILE must be an absolute shared path, got '~/arena.env'",
+        ),
+        (
+            "ARENA_CREDENTIALS_FILE",
+            Some("/shared/secrets/missing.env"),
+            "ARENA_CREDENTIALS_FILE is not a readable file: '/shared/secrets/missing.env'",
+        ),
+        (
+            "ARENA_RL_BIN",
+            Some("target/release/arena-rl"),
+            "ARENA_RL_BIN must be an absolute shared path, got 'target/release/arena-rl'",
+        ),
+        (
+            "ARENA_RL_BIN",
+            Some("/shared/secrets/arena.env"),
+            "ARENA_RL_BIN is not an executable file: '/shared/secrets/arena.env' (build it with `cargo build --release -p arena-rl --features cuda`)",
+        ),
+        (
+            "TRIAL_NAME",
+            Some("../escape"),
+            "TRIAL_NAME may only contain letters, digits, '.', '_' and '-', start with a letter or digit, and be at most 128 characters, got '../escape'",
+        ),
+        (
+            "SBATCH_TIMELIMIT",
+            Some("1h"),
+            "SBATCH_TIMELIMIT must be a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS), got '1h'",
+        ),
+        (
+            "ARENA_CONTROLLER_TIME",
+            Some("1:2:3:4"),
+            "ARENA_CONTROLLER_TIME must be a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS), got '1:2:3:4'",
+        ),
+        (
+            "SBATCH_PARTITION",
+            Some("gpu long"),
+            "SBATCH_PARTITION may only contain letters, digits and '_.,:+-', got 'gpu long'",
+        ),
+        (
+            "SBATCH_ACCOUNT",
+            Some("team;rm"),
+            "SBATCH_ACCOUNT may only contain letters, digits and '_.,:+-', got 'team;rm'",
+        ),
+        (
+            "SBATCH_RESERVATION",
+            Some("r'1"),
+            "SBATCH_RESERVATION may only contain letters, digits and '_.,:+-', got 'r'1'",
+        ),
+        (
+            "ARENA_PREFLIGHT_MIN_TASKS",
+            Some("-1"),
+            "ARENA_PREFLIGHT_MIN_TASKS must be a non-negative integer, got '-1'",
+        ),
+        (
+            "ARENA_STREAM_ID",
+            Some("a\nb"),
+            "ARENA_STREAM_ID must not contain control characters",
+        ),
+        (
+            "ARENA_OPENAPI_BASE",
+            Some("arena.example/openapi"),
+            "ARENA_OPENAPI_BASE must be an http:// or https:// URL",
+        ),
+        (
+            "ARENA_OPENAPI_BASE",
+            Some("https://bob:hunter2@arena.example"),
+            "ARENA_OPENAPI_BASE must not carry credentials (user:password@host); put them in the credentials file",
+        ),
+        (
+            "ARENA_POLICY_PORT",
+            Some("80"),
+            "ARENA_POLICY_PORT must be a port from 1024 to 65535, got '80'",
+        ),
+        (
+            "ARENA_POLICY_PORT",
+            Some("65533"),
+            "ARENA_POLICY_PORT=65533 leaves no room for 4 policy servers per node",
+        ),
+        (
+            "ARENA_SUPERVISE_INTERVAL",
+            Some("0"),
+            "ARENA_SUPERVISE_INTERVAL must be a number of seconds from 1 to 3600, got '0'",
+        ),
+        (
+            "N_GPUS_PER_NODE",
+            Some("eight"),
+            "N_GPUS_PER_NODE must be an integer from 0 to 64, got 'eight'",
+        ),
+        (
+            "N_GPUS_PER_NODE",
+            Some("3"),
+            "N_GPUS_PER_NODE=3 does not fit the rollout layout sglang:d4p1t2 (4 replicas of 2 GPUs each)",
+        ),
+        (
+            "N_GPUS_PER_NODE",
+            Some("6"),
+            "N_GPUS_PER_NODE=6 does not fit the rollout layout sglang:d4p1t2: 4 replicas do not fill whole nodes of 3",
+        ),
+    ];
+    for (name, value, want) in cases {
+        check(Grpo, &[(name, *value)], &[], &[want]);
+    }
+}
+
+#[test]
+fn flash_v3_rules_name_the_variable() {
+    use Profile::FlashV3;
+    let cases: &[(&[Change], &str)] = &[
+        (
+            &[("N_NODES", Some("3"))],
+            "N_NODES must be 2, 4, 8 or 16, got '3'",
+        ),
+        (
+            &[("N_NODES", Some("08"))],
+            "N_NODES must be 2, 4, 8 or 16, got '08'",
+        ),
+        (
+            &[("CONTEXT_LENGTH", Some("032768"))],
+            "CONTEXT_LENGTH must be a positive decimal integer without leading zeros, got '032768'",
+        ),
+        (
+            &[("CONTEXT_LENGTH", Some("1"))],
+            "CONTEXT_LENGTH must be at least 2, got '1'",
+        ),
+        (
+            &[("CONTEXT_LENGTH", Some("-4"))],
+            "CONTEXT_LENGTH must be a positive decimal integer without leading zeros, got '-4'",
+        ),
+        (
+            &[("MAX_TOKENS", Some("131072"))],
+            "MAX_TOKENS must be less than CONTEXT_LENGTH (131072), got '131072'",
+        ),
+        (
+            &[("CONTEXT_LENGTH", Some("4096")), ("MAX_NEW_TOKENS", Some("5000"))],
+            "MAX_NEW_TOKENS must be less than CONTEXT_LENGTH (4096), got '5000'",
+        ),
+        (
+            &[("MAX_NEW_TOKENS", Some("0"))],
+            "MAX_NEW_TOKENS must be a positive integer, got '0'",
+        ),
+        (
+            &[("MAX_TOKENS", Some("1e5"))],
+            "MAX_TOKENS must be a positive integer, got '1e5'",
+        ),
+        (
+            &[("TRAIN_BATCH_SIZE", Some("0"))],
+            "TRAIN_BATCH_SIZE must be a positive integer, got '0'",
+        ),
+        (
+            &[("N_SAMPLES", Some("twelve"))],
+            "N_SAMPLES must be a positive integer, got 'twelve'",
+        ),
+        (
+            &[("TOTAL_TRAIN_STEPS", Some("-5"))],
+            "TOTAL_TRAIN_STEPS must be a positive integer, got '-5'",
+        ),
+        (
+            &[("MAX_CONCURRENT_ROLLOUTS", Some("1.5"))],
+            "MAX_CONCURRENT_ROLLOUTS must be a positive integer, got '1.5'",
+        ),
+        (
+            &[("DATASET_CONFIG", Some("/shared/missing.yaml"))],
+            "DATASET_CONFIG is not a readable file: '/shared/missing.yaml'",
+        ),
+        (
+            &[("N_GPUS_PER_NODE", Some("6"))],
+            "N_GPUS_PER_NODE=6 does not fit the rollout layout sglang:d16t4p1 (16 replicas of 4 GPUs each)",
+        ),
+    ];
+    for (changes, want) in cases {
+        check(FlashV3, changes, &[], &[want]);
+    }
+}
+
+#[test]
+fn bad_overrides_are_refused_and_credentials_are_not_echoed() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "gconfig.n_samples",
+            "override 'gconfig.n_samples' must have the form dotted.key=value",
+        ),
+        (
+            "gconfig..n_samples=2",
+            "override 'gconfig..n_samples' is not a dotted key of letters, digits and '_'",
+        ),
+        (
+            "gconfig n=2",
+            "override 'gconfig n' is not a dotted key of letters, digits and '_'",
+        ),
+        (
+            "econfig.arena_openapi_token=s3cr3t-value",
+            "override 'econfig.arena_openapi_token' looks like a credential; put credentials in ARENA_CREDENTIALS_FILE, never on a command line",
+        ),
+        (
+            "proxy.admin_api_key=s3cr3t-value",
+            "override 'proxy.admin_api_key' looks like a credential; put credentials in ARENA_CREDENTIALS_FILE, never on a command line",
+        ),
+        (
+            "econfig.arena_streams_file=/tmp/s.yaml",
+            "override 'econfig.arena_streams_file' changes the Streams, which the controller's preflight reads from the config file: edit the config (or, for flash-v3, set DATASET_CONFIG) instead",
+        ),
+        (
+            "econfig.stream_id=abc",
+            "override 'econfig.stream_id' changes the Streams, which the controller's preflight reads from the config file: edit the config (or, for flash-v3, set DATASET_CONFIG) instead",
+        ),
+        (
+            "experiment_name=a\nb",
+            "override 'experiment_name' must not contain control characters",
+        ),
+    ];
+    for (o, want) in cases {
+        check(Profile::Grpo, &[], &[o], &[want]);
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    check(
+        Profile::FlashV3,
+        &[
+            ("MODEL_PATH", None),
+            ("AREAL_FILEROOT", Some("runs")),
+            ("N_NODES", Some("5")),
+            ("SBATCH_TIMELIMIT", Some("soon")),
+            ("TRIAL_NAME", Some("a/b")),
+        ],
+        &["nokey"],
+        &[
+            "N_NODES must be 2, 4, 8 or 16, got '5'",
+            "MODEL_PATH is required (the policy's model directory)",
+            "AREAL_FILEROOT must be an absolute shared path, got 'runs'",
+            "TRIAL_NAME may only contain letters, digits, '.', '_' and '-', start with a letter or digit, and be at most 128 characters, got 'a/b'",
+            "SBATCH_TIMELIMIT must be a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS), got 'soon'",
+            "override 'nokey' must have the form dotted.key=value",
+        ],
+    );
+}
+
+#[test]
+fn print_profile_prints_ten_lines_with_the_flash_v3_rules() {
+    let lines = |profile, vars: &[(&str, &str)]| {
+        let env: Env = vars.iter().map(|(k, v)| (*k, *v)).collect();
+        validate::profile_knobs(profile, &env)
+            .map(|k| k.lines().join("\n"))
+            .map_err(|p| p.lines().join("\n"))
+    };
+    let mut all = String::new();
+    for (profile, vars) in [
+        (Profile::Local, &[][..]),
+        (Profile::Grpo, &[][..]),
+        (Profile::FlashV3, &[][..]),
+        (Profile::FlashV3, &[("N_NODES", "2")][..]),
+        (
+            Profile::FlashV3,
+            &[("N_NODES", "4"), ("CONTEXT_LENGTH", "65536")][..],
+        ),
+        (
+            Profile::FlashV3,
+            &[("N_NODES", "16"), ("MAX_TOKENS", "100000")][..],
+        ),
+        (
+            Profile::FlashV3,
+            &[
+                ("CONTEXT_LENGTH", "32768"),
+                ("MAX_NEW_TOKENS", "8192"),
+                ("TRAIN_BATCH_SIZE", "16"),
+                ("N_SAMPLES", "8"),
+                ("TOTAL_TRAIN_STEPS", "10"),
+                ("MAX_CONCURRENT_ROLLOUTS", "64"),
+            ][..],
+        ),
+    ] {
+        let out = lines(profile, vars).expect("valid knobs");
+        assert_eq!(out.lines().count(), 10, "{out}");
+        all.push_str(&format!("# {} {vars:?}\n{out}\n", profile.name()));
+    }
+    insta::assert_snapshot!(all);
+    // Errors come before any path is looked at: this environment has none.
+    assert_eq!(
+        lines(Profile::FlashV3, &[("N_NODES", "32"), ("CONTEXT_LENGTH", "0")]),
+        Err("N_NODES must be 2, 4, 8 or 16, got '32'\nCONTEXT_LENGTH must be a positive decimal integer without leading zeros, got '0'".into())
+    );
+}
+
+#[test]
+fn sglang_layouts_place_replicas_on_whole_nodes() {
+    assert_eq!(profile::parse_sglang("sglang:d4t4p1"), Some((4, 4)));
+    assert_eq!(profile::parse_sglang("sglang:d4p1t2"), Some((4, 2)));
+    assert_eq!(profile::parse_sglang("sglang:d2"), Some((2, 1)));
+    for bad in ["d4t4p1", "sglang:d4d2", "sglang:x1", "sglang:d0", "sglang:d"] {
+        assert_eq!(profile::parse_sglang(bad), None, "{bad}");
+    }
+    let site = Site::new();
+    let mut seen = Vec::new();
+    for n in ["2", "4", "8", "16"] {
+        let l = site
+            .launch(Profile::FlashV3, Mode::Submit, &[("N_NODES", Some(n))], &[])
+            .expect("valid");
+        let p = l.placement;
+        seen.push((
+            p.job_nodes(),
+            p.serve_nodes,
+            p.replicas_per_node,
+            p.gpus_per_replica,
+        ));
+    }
+    // Flash V3 serves d replicas of t4 GPUs: two per 8-GPU node, on N_NODES nodes, after the trainer's one.
+    assert_eq!(seen, [(3, 2, 2, 4), (5, 4, 2, 4), (9, 8, 2, 4), (17, 16, 2, 4)]);
+}
+
+fn snapshot(site: &Site, launch: &Launch) -> String {
+    let (controller, train) = site.scripts(launch);
+    format!("==> controller.sbatch <==\n{controller}\n==> train.sbatch <==\n{train}")
+}
+
+#[test]
+fn rendered_scripts_for_every_profile_and_node_count() {
+    let site = Site::new();
+    let mut cases: Vec<(String, Launch)> = Vec::new();
+    for (name, profile) in [("local", Profile::Local), ("grpo", Profile::Grpo)] {
+        let l = site.launch(profile, Mode::Submit, &[], &[]).expect("valid");
+        cases.push((name.into(), l));
+    }
+    for n in ["2", "4", "8", "16"] {
+        let l = site
+            .launch(Profile::FlashV3, Mode::Submit, &[("N_NODES", Some(n))], &[])
+            .expect("valid");
+        cases.push((format!("flash_v3_n{n}"), l));
+    }
+    for (name, launch) in cases {
+        insta::assert_snapshot!(format!("scripts_{name}"), snapshot(&site, &launch));
+    }
+}
+
+#[test]
+fn rendered_scripts_with_every_option_set() {
+    let site = Site::new();
+    let l = site
+        .launch(
+            Profile::Grpo,
+            Mode::CheckArena,
+            &[
+                ("AREAL_CONTAINER_BIN", Some("none")),
+                ("AREAL_IMAGE", None),
+                ("AREAL_CONTROLLER_MOUNTS", None),
+                ("AREAL_WORKER_MOUNTS", None),
+                ("TRIAL_NAME", Some("smoke-7")),
+                ("CONFIG_PATH", Some("examples/configs/local.yaml")),
+                (
+                    "ARENA_RL_BIN",
+                    Some(&site.path("arena-rl/target/release/arena-rl")),
+                ),
+                ("SBATCH_PARTITION", Some("gpu")),
+                ("SBATCH_ACCOUNT", Some("rl-team")),
+                ("SBATCH_RESERVATION", Some("friday")),
+                ("SBATCH_TIMELIMIT", Some("2-00:00:00")),
+                ("ARENA_CONTROLLER_TIME", Some("2-01:00:00")),
+                ("ARENA_PREFLIGHT_MIN_TASKS", Some("0")),
+                ("ARENA_STREAM_ID", Some("stream/a")),
+                ("ARENA_OPENAPI_BASE", Some("https://arena.example/openapi/v1")),
+                ("ARENA_POLICY_PORT", Some("31000")),
+                ("ARENA_SUPERVISE_INTERVAL", Some("5")),
+                ("N_GPUS_PER_NODE", Some("4")),
+            ],
+            &["gconfig.temperature=0.7", "experiment_name=it's mine"],
+        )
+        .expect("valid");
+    insta::assert_snapshot!(snapshot(&site, &l));
+}
+
+#[test]
+fn rendered_scripts_are_valid_bash_and_hold_no_credential() {
+    let site = Site::new();
+    let secrets = [
+        ("ARENA_OPENAPI_TOKEN", Some("tok-0f9e8d7c6b5a")),
+        ("ARENA_LLM_API_KEY", Some("llm-1a2b3c4d5e6f")),
+        ("SWE_RL_ADMIN_API_KEY", Some("adm-9z8y7x6w5v4u")),
+    ];
+    for (profile, extra) in [
+        (Profile::Local, None),
+        (Profile::Grpo, None),
+        (Profile::FlashV3, Some(("N_NODES", Some("2")))),
+        (Profile::FlashV3, Some(("N_NODES", Some("16")))),
+    ] {
+        let mut changes = secrets.to_vec();
+        changes.extend(extra);
+        for mode in [Mode::Submit, Mode::CheckArena] {
+            let l = site.launch(profile, mode, &changes, &[]).expect("valid");
+            let s = render::render(&l);
+            for (name, text) in [("controller", &s.controller), ("train", &s.train)] {
+                for (_, secret) in &secrets {
+                    let secret = secret.expect("set");
+                    assert!(!text.contains(secret), "{name} script holds {secret}");
+                }
+                let path = site.root.join(format!("{name}.sh"));
+                std::fs::write(&path, text).expect("write");
+                let out = Command::new("bash")
+                    .arg("-n")
+                    .arg(&path)
+                    .output()
+                    .expect("bash runs");
+                assert!(
+                    out.status.success(),
+                    "bash -n {name}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_default_trial_name_has_the_time_and_pid() {
+    let site = Site::new();
+    let l = site.launch(Profile::Grpo, Mode::Submit, &[], &[]).expect("valid");
+    assert_eq!(l.trial, "arena-20260102-030405-4242");
+    assert_eq!(
+        l.submission_dir,
+        site.root.join("runs/submissions/arena-20260102-030405-4242")
+    );
+}
+
+/// The real profile configs load through `stream-config` with the profile's overrides: the keys the profile
+/// sets exist in the schema, and a typo in a user override is caught before anything is submitted.
+#[test]
+fn profile_configs_load_with_the_profile_overrides() {
+    let site = Site::new();
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let streams = site.root.join("streams.yaml");
+    write(
+        &streams,
+        "streams:\n  - name: alpha\n    stream_id: stream-a\n    harness: claude-code@1\n",
+    );
+    for (profile, extra) in [
+        (Profile::Local, None),
+        (Profile::Grpo, None),
+        (
+            Profile::FlashV3,
+            Some(("DATASET_CONFIG", Some(streams.to_str().expect("utf-8")))),
+        ),
+    ] {
+        let config = checkout.join(profile.default_config());
+        let mut changes = vec![("CONFIG_PATH", Some(config.to_str().expect("utf-8")))];
+        changes.extend(extra);
+        let l = site.launch(profile, Mode::Submit, &changes, &[]).expect("valid");
+        let env: Env = site.env().into_iter().collect();
+        if let Err(p) = check_config(&l, &env) {
+            panic!("{}: {}", profile.name(), p.lines().join("\n"));
+        }
+        let typo = site
+            .launch(profile, Mode::Submit, &changes, &["gconfig.n_sample=3"])
+            .expect("valid");
+        let err = check_config(&typo, &env).expect_err("unknown key");
+        let text = err.lines().join("\n");
+        assert!(
+            text.starts_with(&format!("CONFIG_PATH {}: ", config.display())) && text.contains("n_sample"),
+            "{text}"
+        );
+    }
+}

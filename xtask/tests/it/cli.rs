@@ -1,0 +1,199 @@
+//! `xtask submit` as a user runs it: exit statuses, `--print-profile` and `--dry-run` that touch nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn xtask(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .output()
+        .expect("xtask runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn print_profile_prints_ten_lines_and_needs_no_paths() {
+    let out = xtask(
+        &["submit", "--print-profile", "--profile", "flash-v3"],
+        &[("N_NODES", "4"), ("CONTEXT_LENGTH", "65536")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "nodes=4\nactor=megatron:(attn:d2p2t4c2|ffn:d2p2e8)\nrollout=sglang:d8t4p1\ncontext=65536\n\
+         max_tokens=65535\nmax_new_tokens=65535\nbatch=32\nsamples=12\nsteps=500\nconcurrency=1500\n"
+    );
+}
+
+#[test]
+fn invalid_environment_exits_2_with_one_line_per_problem() {
+    let out = xtask(
+        &["submit", "--print-profile", "--profile", "flash-v3"],
+        &[("N_NODES", "3")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        "xtask submit: N_NODES must be 2, 4, 8 or 16, got '3'\n"
+    );
+    assert!(out.stdout.is_empty());
+
+    // Nothing set: every required variable is named, and nothing is created.
+    let out = xtask(&["submit", "--profile", "grpo"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    for name in [
+        "AREAL_IMAGE",
+        "AREAL_CONTROLLER_MOUNTS",
+        "AREAL_WORKER_MOUNTS",
+        "MODEL_PATH",
+        "AREAL_FILEROOT",
+        "ARENA_CREDENTIALS_FILE",
+    ] {
+        assert!(
+            stderr.contains(&format!("xtask submit: {name} is required")),
+            "{name} missing from:\n{stderr}"
+        );
+    }
+    assert!(
+        stderr.lines().all(|l| l.starts_with("xtask submit: ")),
+        "{stderr}"
+    );
+
+    // Unknown arguments are refused with the same status.
+    let out = xtask(&["submit", "--bogus"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// A valid launch on this machine: the host instead of a container, a stand-in model directory and binary.
+struct Launch {
+    dir: tempfile::TempDir,
+}
+
+impl Launch {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("model")).expect("model");
+        std::fs::create_dir_all(root.join("runs")).expect("runs");
+        std::fs::write(root.join("arena.env"), "export ARENA_OPENAPI_TOKEN=tok\n").expect("creds");
+        let bin = root.join("arena-rl");
+        std::fs::write(&bin, "#!/bin/sh\nexit 0\n").expect("bin");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        Self { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AREAL_CONTAINER_BIN", "none".into()),
+            ("MODEL_PATH", self.path("model").display().to_string()),
+            ("AREAL_FILEROOT", self.path("runs").display().to_string()),
+            (
+                "ARENA_CREDENTIALS_FILE",
+                self.path("arena.env").display().to_string(),
+            ),
+            ("ARENA_RL_BIN", self.path("arena-rl").display().to_string()),
+            ("TRIAL_NAME", "dry".into()),
+        ]
+    }
+}
+
+fn run(launch: &Launch, args: &[&str], extra: &[(&'static str, String)]) -> Output {
+    let mut env = launch.env();
+    env.extend(extra.iter().cloned());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    xtask(args, &env)
+}
+
+fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).expect("readable").next().is_none()
+}
+
+#[test]
+fn dry_run_prints_the_controller_and_writes_nothing() {
+    let launch = Launch::new();
+    let out = run(
+        &launch,
+        &[
+            "submit",
+            "--dry-run",
+            "--check-arena",
+            "--profile",
+            "local",
+            "gconfig.temperature=0.5",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let script = text(&out.stdout);
+    assert!(
+        script.starts_with("#!/usr/bin/env bash\n#SBATCH --job-name=dry-controller\n"),
+        "{script}"
+    );
+    assert!(
+        script.contains("export ARENA_CHECK_ONLY=--check-arena\n"),
+        "{script}"
+    );
+    assert!(is_empty_dir(&launch.path("runs")), "a dry run wrote files");
+}
+
+#[test]
+fn a_broken_config_override_fails_before_anything_is_written() {
+    let launch = Launch::new();
+    let out = run(
+        &launch,
+        &["submit", "--profile", "local", "gconfig.n_samples=0"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("xtask submit: CONFIG_PATH ") && stderr.contains("gconfig.n_samples"),
+        "{stderr}"
+    );
+    assert!(is_empty_dir(&launch.path("runs")));
+}
+
+#[test]
+fn without_sbatch_the_scripts_are_written_and_the_error_says_why() {
+    let launch = Launch::new();
+    // A PATH with `date` (for the default trial name's clock) but no Slurm client.
+    let bin = launch.path("path");
+    std::fs::create_dir_all(&bin).expect("path dir");
+    let date = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v date"])
+            .output()
+            .expect("sh runs")
+            .stdout,
+    )
+    .expect("utf-8");
+    std::os::unix::fs::symlink(date.trim(), bin.join("date")).expect("symlink");
+    let out = run(
+        &launch,
+        &["submit", "--profile", "local"],
+        &[("PATH", bin.display().to_string())],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("running sbatch"),
+        "{}",
+        text(&out.stderr)
+    );
+    let dir = launch.path("runs/submissions/dry");
+    for name in ["controller.sbatch", "train.sbatch"] {
+        let script = std::fs::read_to_string(dir.join(name)).expect("rendered");
+        assert!(script.starts_with("#!/usr/bin/env bash\n"));
+    }
+}

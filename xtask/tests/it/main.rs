@@ -1,0 +1,4 @@
+//! Integration tests of the `xtask` binary: `cargo xtask submit` from the command line, and on a real one-node
+//! Slurm cluster.
+
+mod cli;
