@@ -1,0 +1,59 @@
+//! Tests of the tag parser and sharding.
+
+use serde_json::json;
+
+use super::*;
+
+fn check(tags: serde_json::Value, want: &str) {
+    assert_eq!(task_type_from_tags(Some(&tags)), want, "{tags}");
+}
+
+#[test]
+fn task_type_comes_from_exactly_one_domain() {
+    check(json!(["domain:swe", "lang:py"]), "swe");
+    check(json!(["domain: math ", "domain:math"]), "math");
+    check(json!(["lang:py"]), "unknown");
+    check(json!(["domain:swe", "domain:math"]), "unknown");
+    check(json!(["domain:swe", 3]), "unknown");
+    check(json!(["domain:  "]), "unknown");
+    check(json!({"domain": "swe"}), "unknown");
+    check(json!("domain:swe"), "unknown");
+    assert_eq!(task_type_from_tags(None), "unknown");
+}
+
+fn rows(n: usize) -> Dataset {
+    Dataset::new(
+        (0..n)
+            .map(|i| DatasetRow {
+                data_id: format!("r{i}"),
+                stream_id: "s".into(),
+                llm_protocol: LlmProtocol::ChatCompletions,
+                arena_task_type: "unknown".into(),
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn shards_are_disjoint_complete_balanced_and_deterministic() {
+    let data = rows(10);
+    let shards: Vec<Vec<String>> = (0..3)
+        .map(|i| {
+            data.shard(i, 3)
+                .unwrap()
+                .iter()
+                .map(|r| r.data_id.clone())
+                .collect()
+        })
+        .collect();
+    assert_eq!(shards[0], ["r0", "r3", "r6", "r9"]);
+    assert_eq!(shards[1], ["r1", "r4", "r7"]);
+    assert_eq!(shards[2], ["r2", "r5", "r8"]);
+    let mut all: Vec<String> = shards.concat();
+    all.sort_by_key(|id| id[1..].parse::<u32>().unwrap());
+    assert_eq!(all, data.iter().map(|r| r.data_id.clone()).collect::<Vec<_>>());
+    assert_eq!(data.shard(1, 3).unwrap(), data.shard(1, 3).unwrap());
+    assert_eq!(data.shard(0, 1).unwrap(), data);
+    assert!(data.shard(3, 3).is_err());
+    assert!(data.shard(0, 0).is_err());
+}

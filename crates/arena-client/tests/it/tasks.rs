@@ -1,0 +1,243 @@
+//! Task launch, polling, typed failures and cancel (8.1 items 55, 58-60; 8.2 item 32's envelopes).
+
+use std::time::Duration;
+
+use arena_client::{Error, Party, RunOptions};
+use arena_sim::{CancelEndpoint, Endpoint, Envelope, FaultKind, FaultRule, LaunchReply, ScriptedOutcome};
+use serde_json::json;
+use stream_config::TaskStatus;
+
+use crate::retries::launch;
+use crate::support::{Logs, client, start, world};
+
+fn quick() -> RunOptions {
+    RunOptions {
+        timeout: Duration::from_secs(20),
+        idempotency_key: None,
+    }
+}
+
+#[tokio::test]
+async fn item_58_a_polled_harness_failure_is_typed_and_keeps_raw() {
+    let sim = start(world()).await;
+    let raw = json!({"error": "harness: agent phase error", "nested": {"score": 1.0}});
+    sim.scripted().set_outcome(
+        "r1",
+        ScriptedOutcome::status("HARNESS_FAILED", Some(0.0)).raw(raw.clone()),
+    );
+    let run = client(&sim).run_task("s1", &launch("r1"), &quick()).await;
+    assert!(run.launched);
+    assert!(!run.terminal);
+    let err = run.result.unwrap_err();
+    let failed = err.task_failed().expect("a typed task failure");
+    assert_eq!(failed.status, TaskStatus::HarnessFailed);
+    assert_eq!(failed.task_id, "task-1");
+    assert_eq!(failed.result.raw, raw);
+    assert_eq!(failed.payload["raw"], raw);
+    assert_eq!(err.party(), Party::Arena);
+    assert_eq!(
+        err.to_string(),
+        "arena task task-1 failed with status HARNESS_FAILED"
+    );
+}
+
+#[tokio::test]
+async fn item_59_a_pending_launch_with_a_placeholder_score_is_polled() {
+    let sim = start(world()).await;
+    sim.scripted().set_outcome(
+        "r1",
+        ScriptedOutcome::done(1.0).reply(LaunchReply::Pending {
+            placeholder_score: Some(0.0),
+        }),
+    );
+    let run = client(&sim).run_task("s1", &launch("r1"), &quick()).await;
+    let result = run.result.unwrap();
+    assert_eq!(result.score, Some(1.0));
+    assert_eq!(result.status, TaskStatus::Done);
+    assert_eq!(sim.requests_to(Endpoint::LaunchOneTask).len(), 1);
+    assert!(sim.counters().requests_to(Endpoint::TaskResult) >= 1);
+    assert!(run.terminal);
+}
+
+#[tokio::test]
+async fn item_60_a_failed_launch_reply_is_typed_without_polling() {
+    let sim = start(world()).await;
+    sim.scripted().set_outcome(
+        "r1",
+        ScriptedOutcome::status("HARNESS_FAILED", Some(0.0)).reply(LaunchReply::Final),
+    );
+    let run = client(&sim).run_task("s1", &launch("r1"), &quick()).await;
+    let err = run.result.unwrap_err();
+    assert_eq!(err.task_failed().unwrap().status, TaskStatus::HarnessFailed);
+    assert_eq!(sim.counters().requests_to(Endpoint::TaskResult), 0);
+    assert!(run.launched);
+}
+
+#[tokio::test]
+async fn item_55_a_local_timeout_logs_and_cancels_the_task() {
+    let sim = start(world()).await;
+    sim.scripted()
+        .set_outcome("r1", ScriptedOutcome::done(1.0).gate("never"));
+    let (logs, _guard) = Logs::capture();
+    let options = RunOptions {
+        timeout: Duration::from_millis(200),
+        idempotency_key: None,
+    };
+    let run = client(&sim).run_task("s1", &launch("r1"), &options).await;
+    let err = run.result.unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "timed out: task_id=task-1, data_id=r1, timeout_seconds=0.2"
+    );
+    assert_eq!(err.party(), Party::Us);
+    assert!(
+        logs.text()
+            .contains("timed out: task_id=task-1, data_id=r1, timeout_seconds=0.2"),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(sim.counters().cancels, 1);
+    assert_eq!(sim.task_status("task-1").as_deref(), Some("CANCELLED"));
+}
+
+#[tokio::test]
+async fn a_dropped_wait_cancels_the_task_in_the_background() {
+    let sim = start(world()).await;
+    sim.scripted()
+        .set_outcome("r1", ScriptedOutcome::done(1.0).gate("never"));
+    let client = client(&sim);
+    let handle = tokio::spawn(async move { client.run_task("s1", &launch("r1"), &quick()).await });
+    sim.wait_until(|c| c.requests_to(Endpoint::TaskResult) >= 1).await;
+    handle.abort();
+    sim.wait_until(|c| c.cancels == 1).await;
+    assert_eq!(sim.task_status("task-1").as_deref(), Some("CANCELLED"));
+}
+
+#[tokio::test]
+async fn an_arena_without_cancel_is_tolerated_and_reported_once() {
+    for endpoint in [CancelEndpoint::NotFound, CancelEndpoint::MethodNotAllowed] {
+        let mut world = world();
+        world.cancel_endpoint = endpoint;
+        let sim = start(world).await;
+        sim.scripted()
+            .set_default(ScriptedOutcome::done(1.0).gate("never"));
+        let (logs, _guard) = Logs::capture();
+        let client = client(&sim);
+        let options = RunOptions {
+            timeout: Duration::from_millis(100),
+            idempotency_key: None,
+        };
+        for row in ["r1", "r2"] {
+            let err = client
+                .run_task("s1", &launch(row), &options)
+                .await
+                .result
+                .unwrap_err();
+            assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        }
+        assert_eq!(sim.counters().requests_to(Endpoint::CancelTask), 2);
+        assert_eq!(
+            logs.text().matches("no task cancel endpoint").count(),
+            1,
+            "{endpoint:?}: {}",
+            logs.text()
+        );
+    }
+}
+
+#[tokio::test]
+async fn envelopes_old_and_new_are_accepted() {
+    let sim = start(world()).await;
+    let client = client(&sim);
+    for envelope in [
+        Envelope::Plain,
+        Envelope::Data,
+        Envelope::ResultOutput,
+        Envelope::Task,
+        Envelope::BareNumber,
+    ] {
+        sim.scripted().set_outcome(
+            "r1",
+            ScriptedOutcome::done(0.75)
+                .envelope(envelope)
+                .progress(&["AGENT_RUNNING"]),
+        );
+        let result = client
+            .run_task("s1", &launch("r1"), &quick())
+            .await
+            .result
+            .unwrap();
+        assert_eq!(result.score, Some(0.75), "{envelope:?}");
+        assert!(result.status.is_success(), "{envelope:?}");
+    }
+}
+
+#[tokio::test]
+async fn only_the_top_level_score_counts_and_raw_is_verbatim() {
+    let sim = start(world()).await;
+    let raw = json!({"score": 0.1, "reward": 1, "items": [null, {"score": 3}]});
+    sim.scripted()
+        .set_outcome("r1", ScriptedOutcome::done(0.9).raw(raw.clone()));
+    sim.scripted().set_outcome(
+        "r2",
+        ScriptedOutcome::status("DONE", None).raw(json!({"score": 1.0})),
+    );
+    let client = client(&sim);
+    let result = client
+        .run_task("s1", &launch("r1"), &quick())
+        .await
+        .result
+        .unwrap();
+    assert_eq!(result.score, Some(0.9));
+    assert_eq!(result.raw, raw);
+    let err = client
+        .run_task("s1", &launch("r2"), &quick())
+        .await
+        .result
+        .unwrap_err();
+    assert!(err.to_string().contains("missing top-level 'score'"), "{err}");
+}
+
+#[tokio::test]
+async fn a_poll_for_another_task_is_rejected() {
+    let sim = start(world()).await;
+    sim.add_fault(FaultRule::on(Endpoint::TaskResult, FaultKind::WrongId));
+    let err = client(&sim)
+        .run_task("s1", &launch("r1"), &quick())
+        .await
+        .result
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("returned task_id \"task-1-other\" while polling \"task-1\""),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn task_ids_are_encoded_in_poll_and_cancel_paths() {
+    let mut world = world();
+    world.task_id_prefix = "run/".to_string();
+    let sim = start(world).await;
+    sim.scripted().set_default(ScriptedOutcome::done(0.5).gate("g"));
+    let client = client(&sim);
+    let c = client.clone();
+    let run = tokio::spawn(async move { c.run_task("s1", &launch("r1"), &quick()).await });
+    sim.wait_until(|c| c.requests_to(Endpoint::TaskResult) >= 1).await;
+    sim.scripted().open_gate("g");
+    let run = run.await.unwrap();
+    assert_eq!(run.result.unwrap().task_id, "run/1");
+    assert_eq!(
+        sim.requests_to(Endpoint::TaskResult)[0].path,
+        "/openapi/v1/tasks/run%2F1/result"
+    );
+    assert_eq!(
+        client.cancel_task("run/1").await.unwrap(),
+        arena_client::CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        sim.requests_to(Endpoint::CancelTask)[0].path,
+        "/openapi/v1/tasks/run%2F1/cancel"
+    );
+}
