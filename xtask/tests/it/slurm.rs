@@ -1,0 +1,253 @@
+//! The real-Slurm test: `xtask submit --check-arena` on a one-node cluster on this machine, against a running
+//! `arena-sim`, with `AREAL_CONTAINER_BIN=none`. The controller job runs under Slurm, and its
+//! `preflight.json` is what the world implies.
+//!
+//! Where Slurm cannot be installed or started, the test says so on stderr and passes without running.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::cluster::{Cluster, Unavailable};
+
+/// Distinctive credentials: none of them may appear in any file of the submission or in xtask's output.
+const TOKEN: &str = "tok-slurm-7c1e5b90d2";
+const LLM_KEY: &str = "llm-slurm-3f8a61c4e7";
+const ADMIN_KEY: &str = "adm-slurm-92b0d5e13a";
+
+/// The quickstart's two Streams (examples/configs/quickstart.yaml, which the `local` profile uses), each with
+/// a published harness, the pinned grader, rows, and a history of two successes and one failure.
+const WORLD: &str = r#"
+token: tok-slurm-7c1e5b90d2
+streams:
+  - stream_id: sim-messages
+    default_harness_ref: {key: claude-code, version: sim}
+    default_reward_ref: {key: sim-grader, version: "1"}
+    generated_rows: 6
+    recent_tasks:
+      - {status: DONE, harness_ref: {key: claude-code, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: DONE, harness_ref: {key: claude-code, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: HARNESS_FAILED, harness_ref: {key: claude-code, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
+  - stream_id: sim-chat
+    default_harness_ref: {key: swe-agent, version: sim}
+    default_reward_ref: {key: sim-grader, version: "1"}
+    generated_rows: 4
+    recent_tasks:
+      - {status: DONE, harness_ref: {key: swe-agent, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
+harnesses:
+  - {key: claude-code, version: sim}
+  - {key: swe-agent, version: sim}
+"#;
+
+/// Builds the binaries the jobs run (debug profile, the test's own target directory) and returns
+/// (`arena-rl`, `arena-sim`).
+fn binaries() -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-p",
+            "arena-rl",
+            "-p",
+            "arena-sim",
+            "--bins",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build -p arena-rl -p arena-sim failed"
+    );
+    let mut found = (None, None);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let exe = msg["executable"].as_str().map(PathBuf::from);
+        match msg["target"]["name"].as_str() {
+            Some("arena-rl") if exe.is_some() => found.0 = exe,
+            Some("arena-sim") if exe.is_some() => found.1 = exe,
+            _ => {}
+        }
+    }
+    (
+        found.0.expect("cargo built arena-rl"),
+        found.1.expect("cargo built arena-sim"),
+    )
+}
+
+/// A running `arena-sim`, stopped by its PID when dropped.
+struct Sim {
+    child: Child,
+    base_url: String,
+}
+
+impl Sim {
+    fn start(bin: &Path, world: &Path) -> Self {
+        let mut child = Command::new(bin)
+            .arg("--world")
+            .arg(world)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("arena-sim starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("arena-sim prints its base URL");
+        let base_url = line.trim().to_string();
+        assert!(base_url.starts_with("http://"), "arena-sim printed {line:?}");
+        Self { child, base_url }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("parent dir");
+    std::fs::write(path, text).expect("write");
+}
+
+fn credentials(base_url: &str, admin: bool) -> String {
+    let mut text = format!(
+        "# Arena credentials for the Slurm test.\n\
+         export ARENA_OPENAPI_BASE={base_url}\n\
+         export ARENA_OPENAPI_TOKEN={TOKEN}\n\
+         export ARENA_LLM_API_KEY={LLM_KEY}\n"
+    );
+    if admin {
+        text.push_str(&format!("export SWE_RL_ADMIN_API_KEY={ADMIN_KEY}\n"));
+    }
+    text
+}
+
+/// Every file under `dir`, with its text.
+fn files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("readable dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            out.extend(files(&path));
+        } else {
+            let text = String::from_utf8_lossy(&std::fs::read(&path).expect("readable")).into_owned();
+            out.push((path, text));
+        }
+    }
+    out
+}
+
+fn assert_no_credentials(what: &str, text: &str) {
+    for secret in [TOKEN, LLM_KEY, ADMIN_KEY] {
+        assert!(!text.contains(secret), "{what} contains a credential");
+    }
+}
+
+#[test]
+fn check_arena_runs_the_preflight_under_slurm() {
+    let cluster = match Cluster::start() {
+        Ok(c) => c,
+        Err(Unavailable(reason)) => {
+            eprintln!("SKIPPED: the real-Slurm test needs a one-node Slurm cluster: {reason}");
+            return;
+        }
+    };
+    let (arena_rl, arena_sim) = binaries();
+    let help = Command::new(&arena_rl)
+        .arg("--help")
+        .output()
+        .expect("arena-rl runs");
+    if !String::from_utf8_lossy(&help.stdout).contains("preflight") {
+        eprintln!("SKIPPED: the real-Slurm test needs `arena-rl preflight`, which this arena-rl lacks");
+        return;
+    }
+    let work = tempfile::Builder::new()
+        .prefix("submit-")
+        .tempdir_in("/tmp")
+        .expect("work dir");
+    let w = work.path();
+    write(&w.join("world.yaml"), WORLD);
+    let sim = Sim::start(&arena_sim, &w.join("world.yaml"));
+    std::fs::create_dir_all(w.join("model")).expect("model dir");
+    std::fs::create_dir_all(w.join("runs")).expect("file root");
+    // The file's base URL is stale: the explicit launch value must win over it.
+    write(
+        &w.join("arena.env"),
+        &credentials("http://127.0.0.1:9/stale", true),
+    );
+    write(&w.join("partial.env"), &credentials(&sim.base_url, false));
+
+    let submit = |trial: &str, credentials: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+            .args(["submit", "--check-arena", "--profile", "local"])
+            .env_clear()
+            .envs(cluster.env())
+            .env("HOME", w)
+            .env("AREAL_CONTAINER_BIN", "none")
+            .env("MODEL_PATH", w.join("model"))
+            .env("AREAL_FILEROOT", w.join("runs"))
+            .env("ARENA_CREDENTIALS_FILE", w.join(credentials))
+            .env("ARENA_RL_BIN", &arena_rl)
+            .env("ARENA_OPENAPI_BASE", &sim.base_url)
+            .env("ARENA_SUPERVISE_INTERVAL", "1")
+            .env("TRIAL_NAME", trial)
+            // Set on the login node, never passed on: the credentials file is the only source.
+            .env("ARENA_LLM_API_KEY", LLM_KEY)
+            .output()
+            .expect("xtask runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "xtask submit failed:\n{stderr}");
+        assert_no_credentials("xtask's output", &format!("{stdout}{stderr}"));
+        let job = stdout.trim().to_string();
+        assert!(job.bytes().all(|b| b.is_ascii_digit()), "job id {job:?}");
+        job
+    };
+
+    // The complete credentials file: the controller runs the preflight and stops.
+    let job = submit("slurm-check", "arena.env");
+    let state = cluster.wait_job(&job, Duration::from_secs(120));
+    let dir = w.join("runs/submissions/slurm-check");
+    let log = std::fs::read_to_string(dir.join(format!("controller-{job}.log"))).unwrap_or_default();
+    assert_eq!(state, "COMPLETED", "controller log:\n{log}\n{}", cluster.logs());
+    assert!(
+        log.contains("controller: --check-arena: stopping before training"),
+        "{log}"
+    );
+    let preflight: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("preflight.json")).expect("preflight.json written"),
+    )
+    .expect("preflight.json is JSON");
+    insta::assert_json_snapshot!("preflight", preflight);
+    for (path, text) in files(&dir) {
+        assert_no_credentials(&path.display().to_string(), &text);
+    }
+    assert!(
+        !dir.join("train.jobid").exists(),
+        "--check-arena submitted a GPU job"
+    );
+
+    // Without SWE_RL_ADMIN_API_KEY the controller fails before the preflight, naming the variable.
+    let job = submit("slurm-partial", "partial.env");
+    let state = cluster.wait_job(&job, Duration::from_secs(120));
+    let dir = w.join("runs/submissions/slurm-partial");
+    let log = std::fs::read_to_string(dir.join(format!("controller-{job}.log"))).unwrap_or_default();
+    assert_eq!(state, "FAILED", "controller log:\n{log}");
+    assert!(
+        log.contains("controller: SWE_RL_ADMIN_API_KEY is not set; export it from"),
+        "{log}"
+    );
+    assert!(!dir.join("preflight.json").exists());
+}
