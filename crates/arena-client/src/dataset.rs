@@ -242,16 +242,14 @@ impl ArenaClient {
         Ok((op.clone(), self.send_json(&call).await?))
     }
 
-    /// E3 with `limit=1`: the number of rows, which must be at least 1.
-    pub async fn dataset_total(&self, stream_id: &str) -> Result<u64> {
+    /// E3 with `limit=1`: the probe page and the total it reports, which must be at least 1.
+    async fn probe(&self, stream_id: &str) -> Result<(String, Value, u64)> {
         let (op, body) = self.dataset_page(stream_id, 0, 1).await?;
-        let total = non_negative_int(unwrap_page(&body).get("total")).ok_or_else(|| {
+        let total = unwrap_page(&body).get("total");
+        let total = non_negative_int(total).ok_or_else(|| {
             Error::malformed(
                 &op,
-                format!(
-                    "total must be a non-negative integer, got {}",
-                    show(unwrap_page(&body).get("total"))
-                ),
+                format!("total must be a non-negative integer, got {}", show(total)),
             )
         })?;
         if total == 0 {
@@ -259,7 +257,12 @@ impl ArenaClient {
                 "stream {stream_id} contains no dataset rows"
             )));
         }
-        Ok(total)
+        Ok((op, body, total))
+    }
+
+    /// E3 with `limit=1`: the number of rows, which must be at least 1.
+    pub async fn dataset_total(&self, stream_id: &str) -> Result<u64> {
+        Ok(self.probe(stream_id).await?.2)
     }
 
     /// Every row of a stream, in API order, with the default options.
@@ -281,21 +284,7 @@ impl ArenaClient {
                 "dataset page_size and concurrency must be positive".to_string(),
             ));
         }
-        let (probe_op, probe) = self.dataset_page(stream_id, 0, 1).await?;
-        let total = non_negative_int(unwrap_page(&probe).get("total")).ok_or_else(|| {
-            Error::malformed(
-                &probe_op,
-                format!(
-                    "total must be a non-negative integer, got {}",
-                    show(unwrap_page(&probe).get("total"))
-                ),
-            )
-        })?;
-        if total == 0 {
-            return Err(Error::Rejected(format!(
-                "stream {stream_id} contains no dataset rows"
-            )));
-        }
+        let (probe_op, probe, total) = self.probe(stream_id).await?;
         let pages: Vec<(String, Page)> = if total == 1 {
             let (_, page) = check_page(&probe_op, &probe, Some(1), 0, 1)?;
             vec![(probe_op, page)]

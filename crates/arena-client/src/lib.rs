@@ -21,6 +21,7 @@ mod config;
 mod dataset;
 mod error;
 mod lifecycle;
+mod preflight;
 mod registry;
 mod retry;
 mod routes;
@@ -33,6 +34,7 @@ pub use config::{ClientConfig, llm_api_key, validate_llm_base_url};
 pub use dataset::{Dataset, DatasetOptions, DatasetRow, UNKNOWN_TASK_TYPE, task_type_from_tags};
 pub use error::{Error, Party, Result, TransportKind};
 pub use lifecycle::{RolloutReport, RolloutSpec, RouteSetup, valid_session_id};
+pub use preflight::{PreflightOptions, StreamSummary, preflight, preflight_stream};
 pub use registry::{AcquireReport, CloseReport, RegistryOptions, RouteLease, RouteRegistry};
 pub use retry::{RetryPolicy, TRANSIENT_403_MARKER};
 pub use routes::{

@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod cmd {
+    pub(crate) mod preflight;
     pub(crate) mod quickstart;
     pub(crate) mod streams;
 }
@@ -31,6 +32,8 @@ struct Cli {
 enum Command {
     /// Run the main job locally: the embedded examples/configs/quickstart.yaml against arena-sim.
     Quickstart(cmd::quickstart::Args),
+    /// Check Arena Streams against the live Arena before a run is submitted, and write preflight.json.
+    Preflight(cmd::preflight::Args),
     /// Inspect Arena Stream definitions.
     #[command(subcommand)]
     Streams(cmd::streams::Command),
@@ -38,6 +41,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
+        Command::Preflight(args) => cmd::preflight::run(args),
         Command::Quickstart(args) => cmd::quickstart::run(args),
         Command::Streams(command) => cmd::streams::run(command),
     };

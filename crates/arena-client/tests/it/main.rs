@@ -4,6 +4,7 @@
 
 mod dataset;
 mod lifecycle;
+mod preflight;
 mod registry;
 mod retries;
 mod secrets;

@@ -1,3 +1,4 @@
 //! The `arena-rl` binary, run as a user runs it.
 
 mod config;
+mod preflight;
