@@ -262,6 +262,11 @@ impl Cluster {
         ]
     }
 
+    /// Where slurmctld keeps its state, including each job's script and environment.
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
     /// A Slurm client command for this cluster.
     pub(crate) fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(program);

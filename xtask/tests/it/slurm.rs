@@ -234,6 +234,16 @@ fn check_arena_runs_the_preflight_under_slurm() {
     for (path, text) in files(&dir) {
         assert_no_credentials(&path.display().to_string(), &text);
     }
+    // Slurm keeps each job's script and environment: no credential was handed to it.
+    let stored = files(&cluster.state_dir());
+    assert!(
+        stored.iter().any(|(_, text)| text.contains("slurm-check")),
+        "the job's stored environment was not found under {}",
+        cluster.state_dir().display()
+    );
+    for (path, text) in stored {
+        assert_no_credentials(&path.display().to_string(), &text);
+    }
     assert!(
         !dir.join("train.jobid").exists(),
         "--check-arena submitted a GPU job"
