@@ -1,5 +1,39 @@
-//! The policy that arena-rl serves and trains, in burn.
+//! The policy that arena-rl serves and trains: a Llama-family decoder in burn.
 //!
-//! This crate will hold the Llama-family model that loads Hugging Face checkpoints, batched generation with a
-//! KV cache, the GRPO training step, the optimizer and checkpoints.
-//! It is the only crate that depends on burn, and it depends on no other workspace crate.
+//! What it does: reads Hugging Face checkpoints (`LlamaForCausalLM`, `Qwen2ForCausalLM`,
+//! `Qwen3ForCausalLM`; safetensors in f32, f16 or bf16, single or sharded) and writes them back; runs the
+//! model on the CPU (burn-ndarray) or, with the `cuda` feature, on an NVIDIA GPU; and serves batched,
+//! continuously batched generation with a key/value cache, per-sequence sampling and log-probabilities,
+//! a policy version and weight swaps between decoding steps.
+//!
+//! What it does not do: tokenise or render chat templates (it only exposes the files, for `rollout-proxy`),
+//! speak HTTP, or know about Arena. It depends on no other workspace crate, and it is the only crate that
+//! depends on burn: crates above it use the non-generic [`Policy`] handle.
+//!
+//! Entry points:
+//! - [`Policy`]: `Policy::load(dir, options)`, `submit(GenerationRequest) -> GenerationStream`, `score`,
+//!   `version`, `swap_weights`.
+//! - [`ModelConfig`] and [`ModelFolder`]: `config.json` read strictly, written back with
+//!   [`ModelConfig::to_hf_json`]; [`save_pretrained`] writes a whole folder.
+//! - [`Weights`]: parameters on the host under Hugging Face names, to and from safetensors and models.
+//! - [`model::CausalLm`]: the burn module, generic over the backend, for training code in this crate.
+
+pub mod backend;
+pub mod config;
+mod engine;
+pub mod error;
+pub mod model;
+pub mod policy;
+pub mod rope;
+pub mod sampling;
+pub mod weights;
+
+pub use backend::DeviceKind;
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use error::{Error, Result};
+pub use policy::{
+    Completion, FinishReason, GenerationEvent, GenerationRequest, GenerationStream, Logits, Policy,
+    PolicyOptions, SwapReceipt,
+};
+pub use sampling::SamplingParams;
+pub use weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};

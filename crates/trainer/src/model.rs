@@ -1,0 +1,485 @@
+//! The Llama-family decoder in burn, generic over the backend.
+//!
+//! Module and field names follow Hugging Face exactly (`model.layers.3.self_attn.q_proj.weight`), and every
+//! weight keeps Hugging Face's shape (`[out, in]` for projections), so burn's own parameter paths are the
+//! safetensors names and loading or saving is a rename-free copy.
+//! The same code runs under `Autodiff<NdArray>` for training and under the plain backend for inference.
+
+use burn::module::{Module, Param, ParamId};
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use crate::config::ModelConfig;
+use crate::rope::RopeTable;
+
+#[cfg(test)]
+mod tests;
+
+/// Additive attention bias for masked positions: finite, so fully masked (padding) rows stay finite.
+pub const MASKED: f32 = -1.0e30;
+
+/// A projection `y = x W^T + b` with `W` stored as `[out, in]`, like `torch.nn.Linear`.
+#[derive(Module, Debug)]
+pub struct HfLinear<B: Backend> {
+    /// `[out_features, in_features]`.
+    pub weight: Param<Tensor<B, 2>>,
+    /// `[out_features]`.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> HfLinear<B> {
+    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let mut dims = x.dims();
+        let rows: usize = dims[..D - 1].iter().product();
+        let w = self.weight.val();
+        let out_features = w.dims()[0];
+        let y = x.reshape([rows, dims[D - 1]]).matmul(w.transpose());
+        let y = match &self.bias {
+            Some(b) => y + b.val().unsqueeze_dim(0),
+            None => y,
+        };
+        dims[D - 1] = out_features;
+        y.reshape(dims)
+    }
+}
+
+/// Root-mean-square normalisation over the last dimension, with a learned scale.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    /// `[dim]`.
+    pub weight: Param<Tensor<B, 1>>,
+    /// Added to the mean square before the square root.
+    pub eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let ms = (x.clone() * x.clone()).mean_dim(D - 1);
+        // A division, not `recip()`: burn-ndarray's SIMD reciprocal is an approximation (~1e-4 relative).
+        x / (ms + self.eps).sqrt() * self.weight.val().unsqueeze::<D>()
+    }
+}
+
+/// The token embedding, `[vocab, hidden]`.
+#[derive(Module, Debug)]
+pub struct Embedding<B: Backend> {
+    /// `[vocab_size, hidden_size]`.
+    pub weight: Param<Tensor<B, 2>>,
+}
+
+/// Grouped-query self-attention with RoPE.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    pub q_proj: HfLinear<B>,
+    pub k_proj: HfLinear<B>,
+    pub v_proj: HfLinear<B>,
+    pub o_proj: HfLinear<B>,
+    /// Qwen3's per-head RMSNorm on queries.
+    pub q_norm: Option<RmsNorm<B>>,
+    /// Qwen3's per-head RMSNorm on keys.
+    pub k_norm: Option<RmsNorm<B>>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The SwiGLU feed-forward block.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub gate_proj: HfLinear<B>,
+    pub up_proj: HfLinear<B>,
+    pub down_proj: HfLinear<B>,
+}
+
+/// One pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub self_attn: Attention<B>,
+    pub mlp: Mlp<B>,
+    pub input_layernorm: RmsNorm<B>,
+    pub post_attention_layernorm: RmsNorm<B>,
+}
+
+/// The decoder stack (`model.` in Hugging Face names).
+#[derive(Module, Debug)]
+pub struct Decoder<B: Backend> {
+    pub embed_tokens: Embedding<B>,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub norm: RmsNorm<B>,
+}
+
+/// A causal language model: decoder plus output projection (absent when tied to the embedding).
+#[derive(Module, Debug)]
+pub struct CausalLm<B: Backend> {
+    pub model: Decoder<B>,
+    pub lm_head: Option<HfLinear<B>>,
+}
+
+/// Where each query sits and what it may attend to, for one forward pass of `[batch, len]` tokens.
+///
+/// `cos`/`sin` are `[batch, 1, len, head_dim]`; `bias` is `[batch, 1, 1, len, keys]`, 0 where attention is
+/// allowed and [`MASKED`] elsewhere, where `keys` counts the cached columns before this pass plus `len`.
+#[derive(Clone, Debug)]
+pub struct AttnInput<B: Backend> {
+    pub cos: Tensor<B, 4>,
+    pub sin: Tensor<B, 4>,
+    pub bias: Tensor<B, 5>,
+}
+
+impl<B: Backend> AttnInput<B> {
+    /// Builds the tensors from host data: `positions` is `[batch * len]` (row-major), `bias` is
+    /// `[batch * len * keys]`.
+    pub fn new(
+        rope: &RopeTable,
+        positions: &[usize],
+        bias: Vec<f32>,
+        [batch, len, keys]: [usize; 3],
+        device: &B::Device,
+    ) -> Self {
+        let (cos, sin) = rope.cos_sin(positions);
+        let d = rope.head_dim();
+        let shape4 = [batch, 1, len, d];
+        Self {
+            cos: Tensor::from_data(TensorData::new(cos, shape4), device),
+            sin: Tensor::from_data(TensorData::new(sin, shape4), device),
+            bias: Tensor::from_data(TensorData::new(bias, [batch, 1, 1, len, keys]), device),
+        }
+    }
+
+    /// A causal pass over padded rows without a cache: row `b` holds `lengths[b]` real tokens, placed at the
+    /// start (right padding) or at the end (left padding) of `len` columns.
+    /// Real tokens get positions `0..lengths[b]`; padding attends only to itself-like junk that no real
+    /// token sees.
+    pub fn padded(rope: &RopeTable, lengths: &[usize], len: usize, left: bool, device: &B::Device) -> Self {
+        let batch = lengths.len();
+        let mut positions = Vec::with_capacity(batch * len);
+        let mut bias = vec![MASKED; batch * len * len];
+        for (b, &n) in lengths.iter().enumerate() {
+            let start = if left { len - n } else { 0 };
+            for t in 0..len {
+                positions.push(t.saturating_sub(start));
+                let row = &mut bias[(b * len + t) * len..(b * len + t + 1) * len];
+                for (k, slot) in row.iter_mut().enumerate().take(t + 1) {
+                    if k >= start && k < start + n {
+                        *slot = 0.0;
+                    }
+                }
+                if t < start || t >= start + n {
+                    // A padding query attends to itself so its softmax is well defined.
+                    row[t] = 0.0;
+                }
+            }
+        }
+        Self::new(rope, &positions, bias, [batch, len, len], device)
+    }
+}
+
+/// The keys and values of one layer for a batch of rows, `[batch, kv_heads, capacity, head_dim]`.
+#[derive(Clone, Debug)]
+pub struct LayerKv<B: Backend> {
+    pub k: Tensor<B, 4>,
+    pub v: Tensor<B, 4>,
+}
+
+/// A key/value cache: one [`LayerKv`] per layer, all with the same column layout.
+#[derive(Clone, Debug)]
+pub struct KvCache<B: Backend> {
+    pub layers: Vec<LayerKv<B>>,
+    /// Columns `0..len` hold keys (valid or masked); later columns are free.
+    pub len: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache of `capacity` zeroed columns.
+    pub fn new(config: &ModelConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
+        let shape = [batch, config.num_key_value_heads, capacity, config.head_dim];
+        Self {
+            layers: (0..config.num_hidden_layers)
+                .map(|_| LayerKv {
+                    k: Tensor::zeros(shape, device),
+                    v: Tensor::zeros(shape, device),
+                })
+                .collect(),
+            len: 0,
+        }
+    }
+
+    /// Number of rows.
+    pub fn batch(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.k.dims()[0])
+    }
+
+    /// Number of allocated columns.
+    pub fn capacity(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.k.dims()[2])
+    }
+}
+
+impl<B: Backend> Attention<B> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        input: &AttnInput<B>,
+        cache: Option<(&mut LayerKv<B>, usize)>,
+    ) -> Tensor<B, 3> {
+        let [batch, len, _] = x.dims();
+        let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let groups = nh / nkv;
+        let q = self.q_proj.forward(x.clone()).reshape([batch, len, nh, d]);
+        let k = self.k_proj.forward(x.clone()).reshape([batch, len, nkv, d]);
+        let v = self.v_proj.forward(x).reshape([batch, len, nkv, d]);
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
+            _ => (q, k),
+        };
+        let q = rope(q.swap_dims(1, 2), &input.cos, &input.sin);
+        let k = rope(k.swap_dims(1, 2), &input.cos, &input.sin);
+        let v = v.swap_dims(1, 2);
+        let (k, v) = match cache {
+            Some((kv, col)) => {
+                let cap = kv.k.dims()[2];
+                debug_assert!(col + len <= cap, "cache too small");
+                let ranges = [0..batch, 0..nkv, col..col + len, 0..d];
+                kv.k = kv.k.clone().slice_assign(ranges.clone(), k);
+                kv.v = kv.v.clone().slice_assign(ranges, v);
+                let keep = [0..batch, 0..nkv, 0..col + len, 0..d];
+                (kv.k.clone().slice(keep.clone()), kv.v.clone().slice(keep))
+            }
+            None => (k, v),
+        };
+        let keys = k.dims()[2];
+        // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
+        let q = q.reshape([batch, nkv, groups * len, d]);
+        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (d as f64).sqrt());
+        let scores = scores.reshape([batch, nkv, groups, len, keys]) + input.bias.clone();
+        let probs = softmax(scores, 4).reshape([batch, nkv, groups * len, keys]);
+        let out = probs
+            .matmul(v)
+            .reshape([batch, nh, len, d])
+            .swap_dims(1, 2)
+            .reshape([batch, len, nh * d]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// Rotary embedding, Hugging Face's half-rotation layout: `x * cos + rotate_half(x) * sin`.
+fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let [b, h, t, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
+    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+impl<B: Backend> Mlp<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let gate = self.gate_proj.forward(x.clone());
+        // x * sigmoid(x) as one division; burn's generic sigmoid takes four transcendental passes.
+        let gate = gate.clone() / (gate.neg().exp() + 1.0);
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        input: &AttnInput<B>,
+        cache: Option<(&mut LayerKv<B>, usize)>,
+    ) -> Tensor<B, 3> {
+        let h = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), input, cache);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// Final hidden states `[batch, len, hidden]` for `tokens` `[batch, len]`.
+    ///
+    /// With a cache, this pass's keys and values are written at columns `cache.len..cache.len + len` (the
+    /// cache must have room) and `cache.len` advances; `input.bias` then covers all `cache.len + len` columns.
+    pub fn forward_hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        input: &AttnInput<B>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let [batch, len] = tokens.dims();
+        let hidden = self.model.embed_tokens.weight.dims()[1];
+        let mut x = self
+            .model
+            .embed_tokens
+            .weight
+            .val()
+            .select(0, tokens.reshape([batch * len]))
+            .reshape([batch, len, hidden]);
+        let col = cache.as_ref().map_or(0, |c| c.len);
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|c| (&mut c.layers[i], col));
+            x = layer.forward(x, input, layer_cache);
+        }
+        if let Some(c) = cache {
+            c.len = col + len;
+        }
+        self.model.norm.forward(x)
+    }
+
+    /// Projects hidden states `[batch, len, hidden]` to logits `[batch, len, vocab]`.
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => {
+                let w = self.model.embed_tokens.weight.val();
+                let [batch, len, h] = hidden.dims();
+                let vocab = w.dims()[0];
+                hidden
+                    .reshape([batch * len, h])
+                    .matmul(w.transpose())
+                    .reshape([batch, len, vocab])
+            }
+        }
+    }
+
+    /// Logits `[batch, len, vocab]` for one pass without a cache.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>, input: &AttnInput<B>) -> Tensor<B, 3> {
+        self.logits(self.forward_hidden(tokens, input, None))
+    }
+
+    /// Builds the model for `config` with Hugging Face's initialisation (normal(0, `std`) projections and
+    /// embedding, unit norms, zero biases), drawn from a generator seeded with `seed`: the same seed gives
+    /// the same weights on every backend.
+    pub fn init(config: &ModelConfig, std: f32, seed: u64, device: &B::Device) -> Self {
+        let mut rng = crate::sampling::SplitMix64::new(seed);
+        build(
+            config,
+            &mut |shape| {
+                let data: Vec<f32> = (0..shape[0] * shape[1])
+                    .map(|_| rng.next_normal() as f32 * std)
+                    .collect();
+                Tensor::from_data(TensorData::new(data, shape), device)
+            },
+            &mut |n, ones| {
+                if ones {
+                    Tensor::ones([n], device)
+                } else {
+                    Tensor::zeros([n], device)
+                }
+            },
+        )
+    }
+}
+
+/// The model's structure with one-element placeholder tensors, to be filled by a weight installer.
+pub(crate) fn skeleton<B: Backend>(config: &ModelConfig, device: &B::Device) -> CausalLm<B> {
+    build(config, &mut |_| Tensor::zeros([1, 1], device), &mut |_, _| {
+        Tensor::zeros([1], device)
+    })
+}
+
+/// Assembles the module tree; `matrix` makes each 2-D weight (in a fixed order), `vector(n, is_norm)` each
+/// norm scale or bias.
+fn build<B: Backend>(
+    config: &ModelConfig,
+    matrix: &mut dyn FnMut([usize; 2]) -> Tensor<B, 2>,
+    vector: &mut dyn FnMut(usize, bool) -> Tensor<B, 1>,
+) -> CausalLm<B> {
+    let (h, i, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+    let (q, kv) = (
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    );
+    let mut param2 = |shape: [usize; 2]| Param::initialized(ParamId::new(), matrix(shape));
+    let embed = param2([v, h]);
+    let mut mats = Vec::with_capacity(config.num_hidden_layers);
+    for _ in 0..config.num_hidden_layers {
+        mats.push([
+            param2([q, h]),
+            param2([kv, h]),
+            param2([kv, h]),
+            param2([h, q]),
+            param2([i, h]),
+            param2([i, h]),
+            param2([h, i]),
+        ]);
+    }
+    let lm_head = (!config.tie_word_embeddings).then(|| param2([v, h]));
+    let mut param1 = |n: usize, ones: bool| Param::initialized(ParamId::new(), vector(n, ones));
+    let mut norm = |n: usize| RmsNorm {
+        weight: param1(n, true),
+        eps: config.rms_norm_eps,
+    };
+    let final_norm = norm(h);
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for [wq, wk, wv, wo, wg, wu, wd] in mats {
+        let mut bias = |n: usize, on: bool| on.then(|| Param::initialized(ParamId::new(), vector(n, false)));
+        let q_proj = HfLinear {
+            weight: wq,
+            bias: bias(q, config.qkv_bias),
+        };
+        let k_proj = HfLinear {
+            weight: wk,
+            bias: bias(kv, config.qkv_bias),
+        };
+        let v_proj = HfLinear {
+            weight: wv,
+            bias: bias(kv, config.qkv_bias),
+        };
+        let o_proj = HfLinear {
+            weight: wo,
+            bias: bias(h, config.o_bias),
+        };
+        let gate_proj = HfLinear {
+            weight: wg,
+            bias: bias(i, config.mlp_bias),
+        };
+        let up_proj = HfLinear {
+            weight: wu,
+            bias: bias(i, config.mlp_bias),
+        };
+        let down_proj = HfLinear {
+            weight: wd,
+            bias: bias(h, config.mlp_bias),
+        };
+        let mut norm = |n: usize| RmsNorm {
+            weight: Param::initialized(ParamId::new(), vector(n, true)),
+            eps: config.rms_norm_eps,
+        };
+        let (q_norm, k_norm) = if config.qk_norm {
+            (Some(norm(config.head_dim)), Some(norm(config.head_dim)))
+        } else {
+            (None, None)
+        };
+        layers.push(DecoderLayer {
+            self_attn: Attention {
+                q_proj,
+                k_proj,
+                v_proj,
+                o_proj,
+                q_norm,
+                k_norm,
+                num_heads: config.num_attention_heads,
+                num_kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+            },
+            mlp: Mlp {
+                gate_proj,
+                up_proj,
+                down_proj,
+            },
+            input_layernorm: norm(h),
+            post_attention_layernorm: norm(h),
+        });
+    }
+    CausalLm {
+        model: Decoder {
+            embed_tokens: Embedding { weight: embed },
+            layers,
+            norm: final_norm,
+        },
+        lm_head: lm_head.map(|weight| HfLinear { weight, bias: None }),
+    }
+}

@@ -1,0 +1,195 @@
+//! Per-sequence sampling: temperature, top-k, top-p and a seeded generator, with the log-probability of
+//! the sampled token under the distribution it was drawn from.
+//!
+//! The generator is SplitMix64, written out here so that a seed means the same tokens on every platform and
+//! release, and so that its whole state is one `u64` that a checkpoint can store.
+
+#[cfg(test)]
+mod tests;
+
+/// SplitMix64: a small, fast, statistically sound 64-bit generator.
+#[derive(Clone, Debug)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    /// A generator whose whole future is determined by `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self { state: seed }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)` with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn next_normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.next_f64();
+        let u2 = self.next_f64();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// How the next token is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy; otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p` (1.0 keeps all).
+    pub top_p: f32,
+    /// Keep only the `top_k` most likely tokens (0 keeps all).
+    pub top_k: usize,
+    /// Seed of this sequence's generator; `None` draws one.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Problems with the parameters, if any.
+    pub fn check(&self) -> Option<String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Some(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Some(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        None
+    }
+}
+
+/// Chooses a token from one row of logits and returns it with its log-probability.
+///
+/// Greedy decoding (temperature 0) reports the log-probability under the untempered softmax, since the
+/// point mass it samples from would always say 0.
+/// Otherwise the log-probability is under the tempered distribution after top-k and top-p filtering,
+/// renormalised: exactly the distribution the token was drawn from.
+pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix64) -> (u32, f32) {
+    if params.temperature == 0.0 {
+        let (best, _) = logits
+            .iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+                if v > bv { (i, v) } else { (bi, bv) }
+            });
+        return (best as u32, log_softmax_at(logits, 1.0, best));
+    }
+    let inv_t = 1.0 / f64::from(params.temperature);
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut probs: Vec<f64> = logits.iter().map(|&l| ((l as f64 - max) * inv_t).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    for p in &mut probs {
+        *p /= total;
+    }
+    let vocab = probs.len();
+    let top_k = if params.top_k == 0 {
+        vocab
+    } else {
+        params.top_k.min(vocab)
+    };
+    if top_k == vocab && params.top_p >= 1.0 {
+        return draw(&probs, None, rng);
+    }
+    let candidates = nucleus(&probs, top_k, f64::from(params.top_p));
+    draw(&probs, Some(&candidates), rng)
+}
+
+/// The indices kept by top-k then top-p (over the top-k renormalised distribution), most likely first.
+fn nucleus(probs: &[f64], top_k: usize, top_p: f64) -> Vec<usize> {
+    let by_prob_desc = |a: &usize, b: &usize| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b));
+    let (mut idx, mass) = if top_k < probs.len() {
+        let mut idx: Vec<usize> = (0..probs.len()).collect();
+        idx.select_nth_unstable_by(top_k - 1, by_prob_desc);
+        idx.truncate(top_k);
+        let mass = idx.iter().map(|&i| probs[i]).sum::<f64>();
+        (idx, mass)
+    } else {
+        // Sorting the whole vocabulary is slow. When the tokens above a small threshold already hold top_p
+        // of the mass, the nucleus lies among them; otherwise fall back to the full sort.
+        let mut idx: Vec<usize> = (0..probs.len()).filter(|&i| probs[i] >= 1e-6).collect();
+        if idx.iter().map(|&i| probs[i]).sum::<f64>() < top_p {
+            idx = (0..probs.len()).collect();
+        }
+        (idx, probs.iter().sum::<f64>())
+    };
+    idx.sort_unstable_by(by_prob_desc);
+    let mut kept = 0;
+    let mut cum = 0.0;
+    for &i in &idx {
+        cum += probs[i];
+        kept += 1;
+        if cum / mass >= top_p {
+            break;
+        }
+    }
+    idx.truncate(kept.max(1));
+    idx
+}
+
+fn draw(probs: &[f64], candidates: Option<&[usize]>, rng: &mut SplitMix64) -> (u32, f32) {
+    let (mass, last) = match candidates {
+        Some(c) => (c.iter().map(|&i| probs[i]).sum::<f64>(), *c.last().unwrap_or(&0)),
+        None => (probs.iter().sum::<f64>(), probs.len() - 1),
+    };
+    let target = rng.next_f64() * mass;
+    let mut cum = 0.0;
+    let mut chosen = last;
+    let mut visit = |i: usize| -> bool {
+        cum += probs[i];
+        if cum > target && probs[i] > 0.0 {
+            chosen = i;
+            return true;
+        }
+        false
+    };
+    match candidates {
+        Some(c) => {
+            c.iter().any(|&i| visit(i));
+        }
+        None => {
+            (0..probs.len()).any(&mut visit);
+        }
+    }
+    (chosen as u32, (probs[chosen] / mass).ln() as f32)
+}
+
+/// `log_softmax(logits / temperature)[index]`, in f64.
+pub fn log_softmax_at(logits: &[f32], temperature: f64, index: usize) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits
+        .iter()
+        .map(|&l| ((l as f64 - max) / temperature).exp())
+        .sum();
+    (((logits[index] as f64 - max) / temperature) - sum.ln()) as f32
+}

@@ -1,0 +1,291 @@
+//! The generation engine through the public `Policy` handle: continuous batching gives the same tokens as
+//! running alone, log-probabilities match scoring, stop tokens, limits, aborts and weight swaps.
+
+use anyhow::Result;
+use trainer::backend::Cpu;
+use trainer::model::CausalLm;
+use trainer::{
+    Architecture, Error, FinishReason, GenerationEvent, GenerationRequest, ModelConfig, Policy,
+    PolicyOptions, SamplingParams, Weights,
+};
+
+fn config() -> ModelConfig {
+    let mut c = ModelConfig::new(Architecture::Qwen3, 97, 32, 64, 2, 4, 2);
+    c.head_dim = 16;
+    c.max_position_embeddings = 128;
+    c
+}
+
+fn weights(config: &ModelConfig, seed: u64) -> Weights {
+    Weights::from_model(&CausalLm::<Cpu>::init(config, 0.3, seed, &Default::default()))
+}
+
+fn policy(seed: u64) -> Result<Policy> {
+    let c = config();
+    Ok(Policy::from_weights(
+        c.clone(),
+        &weights(&c, seed),
+        PolicyOptions::default(),
+    )?)
+}
+
+fn request(prompt: &[u32], sampling: SamplingParams, max_new_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        input_ids: prompt.to_vec(),
+        sampling,
+        stop_token_ids: vec![],
+        max_new_tokens,
+    }
+}
+
+fn seeded(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![50],
+        vec![9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13, 14, 15, 16, 17, 18, 19],
+        vec![33, 44, 55],
+    ]
+}
+
+fn params(i: usize) -> SamplingParams {
+    if i.is_multiple_of(2) {
+        SamplingParams::greedy()
+    } else {
+        seeded(i as u64)
+    }
+}
+
+#[test]
+fn sequences_joining_mid_flight_get_the_tokens_they_would_get_alone() -> Result<()> {
+    let alone: Vec<Vec<u32>> = prompts()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let policy = policy(1)?;
+            Ok(policy
+                .submit(request(p, params(i), 24 + i))?
+                .collect_blocking()?
+                .token_ids)
+        })
+        .collect::<Result<_>>()?;
+
+    let policy = policy(1)?;
+    let mut first = policy.submit(request(&prompts()[0], params(0), 24))?;
+    let mut head = Vec::new();
+    // Let the first sequence decode a few steps before the others join.
+    for _ in 0..5 {
+        match first.blocking_recv() {
+            Some(GenerationEvent::Token { token_id, .. }) => head.push(token_id),
+            other => panic!("expected a token, got {other:?}"),
+        }
+    }
+    let others: Vec<_> = prompts()
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, p)| policy.submit(request(p, params(i), 24 + i)))
+        .collect::<Result<_, _>>()?;
+    let rest = first.collect_blocking()?;
+    head.extend(rest.token_ids);
+    assert_eq!(head, alone[0]);
+    for (i, stream) in others.into_iter().enumerate() {
+        let got = stream.collect_blocking()?;
+        assert_eq!(got.finish_reason, Some(FinishReason::Length));
+        assert_eq!(
+            got.token_ids,
+            alone[i + 1],
+            "prompt {} differs when batched",
+            i + 1
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn logprobs_are_those_of_the_sampled_distribution() -> Result<()> {
+    let policy = policy(2)?;
+    let prompt = vec![3, 1, 4, 1, 5, 9, 2, 6];
+    for (temperature, top_k) in [(1.0f32, 0usize), (0.7, 0), (1.0, 5)] {
+        let sampling = SamplingParams {
+            temperature,
+            top_k,
+            seed: Some(77),
+            ..SamplingParams::default()
+        };
+        let out = policy
+            .submit(request(&prompt, sampling, 12))?
+            .collect_blocking()?;
+        let mut full = prompt.clone();
+        full.extend(&out.token_ids);
+        let logits = policy.score(&full)?;
+        for (j, (&tok, &lp)) in out.token_ids.iter().zip(&out.logprobs).enumerate() {
+            let row = logits.row(prompt.len() - 1 + j);
+            let t = f64::from(temperature);
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let mut scaled: Vec<f64> = row.iter().map(|&l| (l as f64 - max) / t).collect();
+            if top_k > 0 {
+                let mut sorted = scaled.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let cut = sorted[top_k - 1];
+                for s in &mut scaled {
+                    if *s < cut {
+                        *s = f64::NEG_INFINITY;
+                    }
+                }
+            }
+            let lse = scaled.iter().map(|s| s.exp()).sum::<f64>().ln();
+            let expected = scaled[tok as usize] - lse;
+            assert!(
+                (f64::from(lp) - expected).abs() < 1e-4,
+                "t={temperature} k={top_k} token {j}: {lp} vs {expected}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn stop_tokens_and_limits_end_sequences() -> Result<()> {
+    let policy = policy(3)?;
+    let prompt = vec![10, 20, 30];
+    let free = policy
+        .submit(request(&prompt, SamplingParams::greedy(), 10))?
+        .collect_blocking()?;
+    assert_eq!(free.token_ids.len(), 10);
+    assert_eq!(free.finish_reason, Some(FinishReason::Length));
+    let stop = free.token_ids[4];
+    let first_stop = free.token_ids.iter().position(|&t| t == stop).expect("present");
+    let mut req = request(&prompt, SamplingParams::greedy(), 10);
+    req.stop_token_ids = vec![stop];
+    let stopped = policy.submit(req)?.collect_blocking()?;
+    assert_eq!(stopped.token_ids, free.token_ids[..=first_stop].to_vec());
+    assert_eq!(stopped.finish_reason, Some(FinishReason::Stop));
+
+    let none = policy
+        .submit(request(&prompt, SamplingParams::greedy(), 0))?
+        .collect_blocking()?;
+    assert!(none.token_ids.is_empty());
+    assert_eq!(none.finish_reason, Some(FinishReason::Length));
+
+    // The sequence never outgrows the model's positions: 120 prompt tokens + 8 = 128.
+    let long: Vec<u32> = (0..120).map(|i| i % 97).collect();
+    let capped = policy
+        .submit(request(&long, SamplingParams::greedy(), 100))?
+        .collect_blocking()?;
+    assert_eq!(capped.token_ids.len(), 8);
+    assert_eq!(capped.finish_reason, Some(FinishReason::Length));
+    Ok(())
+}
+
+#[test]
+fn dropping_the_stream_aborts_the_sequence() -> Result<()> {
+    let policy = policy(4)?;
+    let mut stream = policy.submit(request(&[1, 2, 3], seeded(1), 100))?;
+    for _ in 0..3 {
+        assert!(matches!(
+            stream.blocking_recv(),
+            Some(GenerationEvent::Token { .. })
+        ));
+    }
+    drop(stream);
+    let other = policy
+        .submit(request(&[4, 5], SamplingParams::greedy(), 5))?
+        .collect_blocking()?;
+    assert_eq!(other.token_ids.len(), 5);
+    // A score is answered between steps, after the engine published its count for the previous step.
+    policy.score(&[1])?;
+    assert_eq!(policy.in_flight(), 0, "the abandoned sequence is still decoding");
+    Ok(())
+}
+
+#[test]
+fn a_weight_swap_lands_between_steps_without_dropping_sequences() -> Result<()> {
+    let c = config();
+    let policy = policy(5)?;
+    assert_eq!(policy.version(), 0);
+    let mut stream = policy.submit(request(&[7, 7, 7], SamplingParams::greedy(), 40))?;
+    let mut versions = Vec::new();
+    for _ in 0..5 {
+        match stream.blocking_recv() {
+            Some(GenerationEvent::Token { version, .. }) => versions.push(version),
+            other => panic!("expected a token, got {other:?}"),
+        }
+    }
+    let installed = policy.swap_weights(weights(&c, 6), 1)?.wait()?;
+    assert_eq!(installed, 1);
+    assert_eq!(policy.version(), 1);
+    let rest = stream.collect_blocking()?;
+    versions.extend(rest.versions);
+    assert_eq!(versions.len(), 40, "the in-flight sequence was cut short");
+    assert_eq!(rest.finish_reason, Some(FinishReason::Length));
+    let switch = versions
+        .iter()
+        .position(|&v| v == 1)
+        .expect("later tokens carry the new version");
+    assert!(
+        switch >= 5
+            && versions[..switch].iter().all(|&v| v == 0)
+            && versions[switch..].iter().all(|&v| v == 1)
+    );
+
+    // New sequences use the new weights: same tokens as a policy started on them.
+    let fresh = Policy::from_weights(c.clone(), &weights(&c, 6), PolicyOptions::default())?;
+    let a = policy
+        .submit(request(&[9, 9], SamplingParams::greedy(), 12))?
+        .collect_blocking()?;
+    let b = fresh
+        .submit(request(&[9, 9], SamplingParams::greedy(), 12))?
+        .collect_blocking()?;
+    assert_eq!(a.token_ids, b.token_ids);
+
+    // Weights of another shape are refused and change nothing.
+    let mut other = config();
+    other.intermediate_size = 48;
+    let err = policy
+        .swap_weights(weights(&other, 7), 2)?
+        .wait()
+        .expect_err("refused");
+    assert!(matches!(err, Error::WeightMismatch(_)), "{err}");
+    assert_eq!(policy.version(), 1);
+    Ok(())
+}
+
+#[test]
+fn bad_requests_are_refused_up_front() -> Result<()> {
+    let policy = policy(8)?;
+    let cases = [
+        (request(&[], SamplingParams::greedy(), 3), "input_ids is empty"),
+        (
+            request(&[97], SamplingParams::greedy(), 3),
+            "token id 97 is out of range",
+        ),
+        (
+            request(
+                &[1],
+                SamplingParams {
+                    top_p: 0.0,
+                    ..SamplingParams::default()
+                },
+                3,
+            ),
+            "top_p",
+        ),
+        (
+            request(&vec![1; 128], SamplingParams::greedy(), 3),
+            "max_position_embeddings",
+        ),
+    ];
+    for (req, needle) in cases {
+        let err = policy.submit(req).expect_err("refused");
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+    Ok(())
+}
