@@ -106,7 +106,7 @@ pub struct RolloutReport {
     pub registration: Option<bool>,
     /// What acquiring a session-gateway route did.
     pub acquire: Option<AcquireReport>,
-    /// Arena accepted the launch.
+    /// The launch was answered with a queued, running or finished task (see [`TaskRun::launched`]).
     pub launched: bool,
     /// A success status with a score arrived.
     pub terminal: bool,

@@ -122,6 +122,21 @@ struct State {
     next_id: u64,
 }
 
+impl State {
+    /// Removes every entry, stopping its probe task, and returns the route names.
+    fn take_all(&mut self) -> Vec<String> {
+        self.entries
+            .drain()
+            .map(|(_, mut e)| {
+                if let Some(t) = e.probe_task.take() {
+                    t.abort();
+                }
+                e.model_name
+            })
+            .collect()
+    }
+}
+
 struct Inner {
     client: ArenaClient,
     options: RegistryOptions,
@@ -302,18 +317,7 @@ impl Drop for Inner {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
-        let mut names: Vec<String> = self
-            .state
-            .get_mut()
-            .entries
-            .drain()
-            .map(|(_, mut e)| {
-                if let Some(t) = e.probe_task.take() {
-                    t.abort();
-                }
-                e.model_name
-            })
-            .collect();
+        let mut names = self.state.get_mut().take_all();
         names.extend(lock_orphans(&self.orphans).drain(..));
         if names.is_empty() {
             return;
@@ -482,19 +486,7 @@ impl RouteRegistry {
     pub async fn close(&self) -> CloseReport {
         let inner = &self.inner;
         inner.closed.store(true, Ordering::Relaxed);
-        let mut names: Vec<String> = {
-            let mut state = inner.state.lock().await;
-            state
-                .entries
-                .drain()
-                .map(|(_, mut e)| {
-                    if let Some(t) = e.probe_task.take() {
-                        t.abort();
-                    }
-                    e.model_name
-                })
-                .collect()
-        };
+        let mut names = inner.state.lock().await.take_all();
         names.extend(lock_orphans(&inner.orphans).drain(..));
         names.sort();
         names.dedup();

@@ -150,13 +150,17 @@ impl ArenaClient {
     pub async fn model_exists(&self, model_name: &str, timeout: Option<Duration>) -> Result<bool> {
         let call =
             Call::new(Method::GET, format!("/llm/models/{}", encode_segment(model_name))).timeout(timeout);
-        let op = call.op();
-        let reply = self.send(&call).await?;
+        self.route_present(&call, model_name).await
+    }
+
+    /// Sends a call about one route: 404 means absent; otherwise the reply must name the route.
+    async fn route_present(&self, call: &Call<'_>, model_name: &str) -> Result<bool> {
+        let reply = self.send(call).await?;
         if reply.status == 404 {
             return Ok(false);
         }
         let body = reply.json()?;
-        check_model_name(&op, &body, model_name)?;
+        check_model_name(&call.op(), &body, model_name)?;
         Ok(true)
     }
 
@@ -184,14 +188,7 @@ impl ArenaClient {
         )
         .json(&body)
         .timeout(timeout);
-        let op = call.op();
-        let reply = self.send(&call).await?;
-        if reply.status == 404 {
-            return Ok(false);
-        }
-        let body = reply.json()?;
-        check_model_name(&op, &body, model_name)?;
-        Ok(true)
+        self.route_present(&call, model_name).await
     }
 }
 

@@ -58,11 +58,22 @@ pub struct StreamInfo {
 }
 
 impl StreamInfo {
+    /// Reads a stream object; `stream_id` must be a non-empty string.
     fn from_object(op: &str, value: &Value) -> Result<Self> {
-        let stream_id = match value.get("stream_id") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            _ => return Err(Error::malformed(op, "stream_id must be a non-empty string")),
-        };
+        let info = Self::from_list_item(op, value)?;
+        if info.stream_id.is_empty() {
+            return Err(Error::malformed(op, "stream_id must be a non-empty string"));
+        }
+        Ok(info)
+    }
+
+    /// Reads a list item, whose id is checked only if the item is chosen.
+    fn from_list_item(op: &str, value: &Value) -> Result<Self> {
+        let stream_id = value
+            .get("stream_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let status = match value.get("status") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
@@ -162,17 +173,25 @@ impl ArenaClient {
         items
             .iter()
             .filter(|i| i.is_object())
-            .map(|i| StreamInfo::from_object(&op, i))
+            .map(|i| StreamInfo::from_list_item(&op, i))
             .collect()
     }
 
     /// E1 with `status=ACTIVE`: the first active stream (one page, as the reference does).
     pub async fn first_active_stream(&self) -> Result<StreamInfo> {
-        self.list_streams(Some("ACTIVE"))
+        let first = self
+            .list_streams(Some("ACTIVE"))
             .await?
             .into_iter()
             .next()
-            .ok_or_else(|| Error::Rejected("Arena has no ACTIVE stream".to_string()))
+            .ok_or_else(|| Error::Rejected("Arena has no ACTIVE stream".to_string()))?;
+        if first.stream_id.is_empty() {
+            return Err(Error::malformed(
+                "GET /openapi/v1/streams",
+                "the first ACTIVE stream has no non-empty stream_id",
+            ));
+        }
+        Ok(first)
     }
 
     /// E2: one stream. Unwraps `data` then `stream`; the returned id must match, and a present status must

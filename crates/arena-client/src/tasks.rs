@@ -267,7 +267,8 @@ impl Default for RunOptions {
 /// What happened to one task.
 #[derive(Debug)]
 pub struct TaskRun {
-    /// Arena accepted the launch.
+    /// The launch was answered with a queued, running or finished task (the reference's `launch_success`);
+    /// a launch answered with a failure status counts as not launched.
     pub launched: bool,
     /// A success status with a score arrived.
     pub terminal: bool,
@@ -446,10 +447,11 @@ impl ArenaClient {
         let launched = match tokio::time::timeout_at(deadline, launch).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
+                // A launch answered with a failure status has a task id but never ran as launched (the
+                // reference's launch_success stays 0).
                 let task_id = e.task_failed().map(|t| t.task_id.clone());
-                let launched = task_id.is_some();
                 return TaskRun {
-                    launched,
+                    launched: false,
                     terminal: false,
                     task_id,
                     result: Err(e),

@@ -95,7 +95,7 @@ async fn item_14_a_thousand_and_one_rows_take_two_pages() {
 #[tokio::test]
 async fn pages_are_fetched_concurrently_but_kept_in_api_order() {
     let sim = start(big(4500)).await;
-    sim.add_fault(FaultRule::on(Endpoint::Dataset, FaultKind::DelayMs(150)).after(1));
+    sim.add_fault(FaultRule::on(Endpoint::Dataset, FaultKind::DelayMs(400)).after(1));
     let rows = client(&sim)
         .get_all_dataset_rows("big", LlmProtocol::ChatCompletions)
         .await
@@ -112,7 +112,7 @@ async fn pages_are_fetched_concurrently_but_kept_in_api_order() {
     );
 
     let sim = start(big(2500)).await;
-    sim.add_fault(FaultRule::on(Endpoint::Dataset, FaultKind::DelayMs(100)).after(1));
+    sim.add_fault(FaultRule::on(Endpoint::Dataset, FaultKind::DelayMs(300)).after(1));
     let options = DatasetOptions {
         page_size: 500,
         concurrency: 2,

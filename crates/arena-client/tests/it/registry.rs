@@ -162,11 +162,11 @@ async fn item_29_a_slow_failing_probe_throttles_from_its_completion() {
     let client = client_with(&sim, |c| c.retry.retries = 0);
     let mut f = Fixture::with_client(sim, client, true);
     let mut options = f.registry.options().clone();
-    options.registration_timeout = Duration::from_millis(300);
+    options.registration_timeout = Duration::from_secs(1);
     f.registry = RouteRegistry::new(f.client.clone(), options);
     f.rollout("r1", "0:0-0").await.result.unwrap();
     f.sim
-        .add_fault(FaultRule::on(Endpoint::GetModel, FaultKind::DelayMs(2000)).times(1));
+        .add_fault(FaultRule::on(Endpoint::GetModel, FaultKind::DelayMs(3000)).times(1));
     f.clock.advance(INTERVAL + Duration::from_secs(1));
     let (client, setup) = (f.client.clone(), f.setup());
     let slow = tokio::spawn(async move { client.run_rollout(&setup, &spec("r2", Some("1:0-0"))).await });

@@ -11,9 +11,9 @@ use crate::support::{client, client_with, start, world};
 #[tokio::test]
 async fn item_9_a_read_timeout_is_retried() {
     let sim = start(world()).await;
-    sim.add_fault(FaultRule::on(Endpoint::GetStream, FaultKind::DelayMs(1500)).times(1));
+    sim.add_fault(FaultRule::on(Endpoint::GetStream, FaultKind::DelayMs(3000)).times(1));
     let client = client_with(&sim, |c| {
-        c.timeout = Duration::from_millis(300);
+        c.timeout = Duration::from_secs(1);
         c.retry.retries = 1;
     });
     assert_eq!(client.get_stream("s1").await.unwrap().stream_id, "s1");
