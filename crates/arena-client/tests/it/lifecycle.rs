@@ -456,3 +456,29 @@ async fn stream_ids_in_launch_paths_are_encoded() {
         "/openapi/v1/streams/team%2Fa/launch_one_task"
     );
 }
+
+#[tokio::test]
+async fn arena_collects_idle_routes() {
+    let mut world = world();
+    world.route_gc_idle_ms = Some(50);
+    let sim = start(world).await;
+    let client = client(&sim);
+    let registration = ModelRegistration {
+        model_name: "stream-areal-idle".to_string(),
+        deployment_id: "d".to_string(),
+        upstream_base_url: "http://proxy".to_string(),
+        upstream_api_key: SecretString::from("k"),
+        inbound_protos: vec!["chat".to_string()],
+    };
+    client.register_model(&registration, None).await.unwrap();
+    assert!(client.model_exists("stream-areal-idle", None).await.unwrap());
+    // Idle for longer than the collection time: the next request finds the route gone.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(!client.model_exists("stream-areal-idle", None).await.unwrap());
+    assert_eq!(sim.counters().gc_removals, 1);
+    // A collection fault removes a route at once.
+    client.register_model(&registration, None).await.unwrap();
+    sim.add_fault(FaultRule::on(Endpoint::RenewModel, FaultKind::GcRoute).times(1));
+    assert!(!client.renew_model("stream-areal-idle", None).await.unwrap());
+    assert_eq!(sim.counters().gc_removals, 2);
+}

@@ -242,3 +242,68 @@ async fn task_ids_are_encoded_in_poll_and_cancel_paths() {
         "/openapi/v1/tasks/run%2F1/cancel"
     );
 }
+
+/// A harness that records what it was given and answers with a score derived from it.
+struct Recorder(std::sync::Mutex<Vec<arena_sim::HarnessContext>>);
+
+impl arena_sim::Harness for Recorder {
+    fn start(&self, ctx: arena_sim::HarnessContext) -> arena_sim::HarnessRun {
+        ctx.set_status("AGENT_RUNNING");
+        let score = ctx.request.envs.len() as f64;
+        self.0.lock().unwrap().push(ctx);
+        arena_sim::HarnessRun {
+            reply: LaunchReply::default(),
+            outcome: Box::pin(async move {
+                arena_sim::HarnessOutcome {
+                    status: "OK".into(),
+                    score: Some(score),
+                    raw: json!({"by": "recorder"}),
+                    artifacts_uri: None,
+                    trace_id: Some("trace-1".into()),
+                    computed_at: None,
+                    progress: vec![],
+                    envelope: Envelope::Plain,
+                }
+            }),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_pluggable_harness_gets_the_whole_launch_and_the_row() {
+    let recorder = std::sync::Arc::new(Recorder(Default::default()));
+    let sim = arena_sim::ArenaSim::builder(world())
+        .harness("recorder", recorder.clone())
+        .start()
+        .await
+        .unwrap();
+    let mut request = launch("r2");
+    request.harness = Some("recorder@7".into());
+    request.envs.insert("EXTRA".into(), "1".into());
+    let result = client(&sim)
+        .run_task("s1", &request, &quick())
+        .await
+        .result
+        .unwrap();
+    assert_eq!(
+        result.score,
+        Some(4.0),
+        "EXTRA plus MODEL_NAME, BASE_URL and API_KEY"
+    );
+    assert_eq!(result.trace_id.as_deref(), Some("trace-1"));
+    let ctx = recorder.0.lock().unwrap()[0].clone();
+    assert_eq!((ctx.task_id.as_str(), ctx.stream_id.as_str()), ("task-1", "s1"));
+    assert_eq!(ctx.harness.as_deref(), Some("recorder@7"));
+    assert_eq!(ctx.request.session_id.as_deref(), Some("sess-r2"));
+    assert_eq!(ctx.request.envs["API_KEY"], "session-key");
+    assert_eq!(ctx.tags, json!(["domain:math"]));
+    assert_eq!(ctx.gateway_url, format!("{}/api", sim.base_url()));
+    // Rows launched with the stream's default harness still go to the scripted one.
+    let result = client(&sim)
+        .run_task("s1", &launch("r1"), &quick())
+        .await
+        .result
+        .unwrap();
+    assert_eq!(result.score, Some(1.0));
+    assert_eq!(recorder.0.lock().unwrap().len(), 1);
+}
