@@ -5,8 +5,10 @@
 //! No randomness: the output depends only on row order, stream order, names and weights.
 //!
 //! The interleave is a k-way merge: each stream's keys `1/w, 2/w, ...` increase, so picking the smallest
-//! head every step is what a binary heap over the streams does, comparing the same floats as the reference.
-//! It costs O(rows × log streams) instead of the reference's O(rows × streams).
+//! head every step is what a binary heap does, comparing the same floats as the reference. Streams of equal
+//! weight share their keys round after round, so the heap holds one entry per distinct weight and each pop
+//! emits a whole round. It costs O(rows + rounds × log weights) instead of the reference's
+//! O(rows × streams).
 
 use std::cmp::Ordering;
 
@@ -218,75 +220,154 @@ fn water_fill(streams: &[MixtureStream<'_>], masses: &[f64], target: usize) -> R
     Ok(counts)
 }
 
-/// A heap entry: the stream's next key `(emitted + 1) / weight`, then its name rank.
-#[derive(Clone, Copy)]
-struct Head {
-    key: f64,
-    rank: u32,
-    stream: u32,
+/// Streams of one exact weight. Their keys `(emitted + 1) / weight` are equal in every round, so one round
+/// emits every active member, in name order, with a single heap operation.
+struct Class {
+    weight: f64,
+    /// Rows each active member has emitted so far.
+    round: usize,
+    /// `(name rank, stream)` of the members that still have rows to emit, in rank order.
+    members: Vec<(u32, u32)>,
 }
 
-impl Head {
-    fn before(&self, other: &Head) -> bool {
-        match self.key.partial_cmp(&other.key) {
-            Some(Ordering::Less) => true,
-            Some(Ordering::Greater) => false,
-            _ => self.rank < other.rank,
-        }
+impl Class {
+    fn key(&self) -> f64 {
+        (self.round + 1) as f64 / self.weight
     }
 }
 
 /// Calls `emit(stream)` once per output row, in mixture order.
+///
+/// Equivalent to the reference's loop (pick the smallest `(emitted + 1) / weight`, ties by name): streams are
+/// grouped by exact weight, a binary heap orders the groups by their next key, and groups whose keys tie
+/// exactly are merged by name.
 fn interleave(streams: &[MixtureStream<'_>], counts: &[usize], mut emit: impl FnMut(usize)) {
     let mut by_name: Vec<usize> = (0..streams.len()).collect();
     by_name.sort_by(|&a, &b| streams[a].name.cmp(streams[b].name).then(a.cmp(&b)));
-    let mut rank = vec![0u32; streams.len()];
-    for (r, &i) in by_name.iter().enumerate() {
-        rank[i] = r as u32;
+    let mut classes: Vec<Class> = Vec::new();
+    for (rank, &i) in by_name.iter().enumerate() {
+        if counts[i] == 0 {
+            continue;
+        }
+        let weight = streams[i].weight;
+        let member = (rank as u32, i as u32);
+        match classes
+            .iter_mut()
+            .find(|c| c.weight.to_bits() == weight.to_bits())
+        {
+            Some(c) => c.members.push(member),
+            None => classes.push(Class {
+                weight,
+                round: 0,
+                members: vec![member],
+            }),
+        }
     }
-    let mut emitted = vec![0usize; streams.len()];
-    let mut heap: Vec<Head> = (0..streams.len())
-        .filter(|&i| counts[i] > 0)
-        .map(|i| Head {
-            key: 1.0 / streams[i].weight,
-            rank: rank[i],
-            stream: i as u32,
-        })
+    let mut heap: Vec<(f64, u32)> = classes
+        .iter()
+        .enumerate()
+        .map(|(c, class)| (class.key(), c as u32))
         .collect();
     for i in (0..heap.len() / 2).rev() {
         sift_down(&mut heap, i);
     }
-    while let Some(top) = heap.first().copied() {
-        let i = top.stream as usize;
-        emit(i);
-        emitted[i] += 1;
-        if emitted[i] < counts[i] {
-            heap[0].key = (emitted[i] + 1) as f64 / streams[i].weight;
-        } else {
+    let mut tied: Vec<u32> = Vec::new();
+    let mut batch: Vec<(u32, u32)> = Vec::new();
+    while let Some(&(key, first)) = heap.first() {
+        let alone = heap.len() < 2 || heap[1].0 != key && heap.get(2).is_none_or(|h| h.0 != key);
+        if alone {
+            // The common case: one class holds the smallest key; emit its round and re-key it in place.
+            let class = &mut classes[first as usize];
+            for &(_, s) in &class.members {
+                emit(s as usize);
+            }
+            advance(class, counts);
+            if class.members.is_empty() {
+                let last = heap.len() - 1;
+                heap.swap(0, last);
+                heap.pop();
+            } else {
+                heap[0].0 = class.key();
+            }
+            sift_down(&mut heap, 0);
+            continue;
+        }
+        // Several classes tie exactly: their members share one key and go out in name order.
+        tied.clear();
+        while heap.first().is_some_and(|h| h.0 == key) {
             let last = heap.len() - 1;
             heap.swap(0, last);
-            heap.pop();
+            if let Some((_, c)) = heap.pop() {
+                tied.push(c);
+            }
+            sift_down(&mut heap, 0);
         }
-        sift_down(&mut heap, 0);
+        batch.clear();
+        for &c in &tied {
+            batch.extend_from_slice(&classes[c as usize].members);
+        }
+        batch.sort_unstable();
+        for &(_, s) in &batch {
+            emit(s as usize);
+        }
+        for &c in &tied {
+            let class = &mut classes[c as usize];
+            advance(class, counts);
+            if !class.members.is_empty() {
+                heap.push((class.key(), c));
+                let last = heap.len() - 1;
+                sift_up(&mut heap, last);
+            }
+        }
     }
 }
 
-fn sift_down(heap: &mut [Head], mut i: usize) {
-    let n = heap.len();
-    loop {
-        let left = 2 * i + 1;
-        if left >= n {
-            return;
-        }
-        let right = left + 1;
-        let child = if right < n && heap[right].before(&heap[left]) {
-            right
+/// Ends a round: every member emitted one row; members that reached their count leave.
+fn advance(class: &mut Class, counts: &[usize]) {
+    class.round += 1;
+    let round = class.round;
+    class.members.retain(|&(_, s)| counts[s as usize] > round);
+}
+
+/// Restores the heap below `pos` after its key grew: walks the hole down to a leaf along the smaller
+/// children (one branch-free comparison per level), then moves the entry back up to its place. A re-keyed
+/// stream usually belongs near the bottom, so this does about half the comparisons of a classic sift.
+fn sift_down(heap: &mut [(f64, u32)], mut pos: usize) {
+    let end = heap.len();
+    if pos >= end {
+        return;
+    }
+    let start = pos;
+    let entry = heap[pos];
+    let mut child = 2 * pos + 1;
+    while child + 1 < end {
+        child += usize::from(heap[child + 1].0 < heap[child].0);
+        heap[pos] = heap[child];
+        pos = child;
+        child = 2 * pos + 1;
+    }
+    if child + 1 == end {
+        heap[pos] = heap[child];
+        pos = child;
+    }
+    while pos > start {
+        let parent = (pos - 1) / 2;
+        if entry.0 < heap[parent].0 {
+            heap[pos] = heap[parent];
+            pos = parent;
         } else {
-            left
-        };
-        if heap[child].before(&heap[i]) {
-            heap.swap(child, i);
-            i = child;
+            break;
+        }
+    }
+    heap[pos] = entry;
+}
+
+fn sift_up(heap: &mut [(f64, u32)], mut i: usize) {
+    while i > 0 {
+        let parent = (i - 1) / 2;
+        if heap[i].0 < heap[parent].0 {
+            heap.swap(i, parent);
+            i = parent;
         } else {
             return;
         }

@@ -252,10 +252,11 @@ fn water_filling_caps_small_streams_and_shares_the_rest() {
 }
 
 fn arb_mixture() -> impl Strategy<Value = (Vec<(String, f64, usize)>, i64, usize)> {
-    (1usize..6)
+    (1usize..8)
         .prop_flat_map(|n| {
             (
-                prop::collection::vec((1u32..100, 1usize..40), n),
+                // Small weights make equal-weight groups and exact cross-group ties (1/1 == 2/2) common.
+                prop::collection::vec((prop_oneof![1u32..=4, 1u32..100], 1usize..40), n),
                 1usize..5,
                 any::<prop::sample::Index>(),
                 any::<bool>(),
