@@ -230,7 +230,9 @@ fn parse_template(s: &str) -> Result<Vec<Part>, String> {
         literal.push_str(&rest[..i]);
         let after = &rest[i + 2..];
         let Some(end) = after.find('}') else {
-            return Err(format!("unterminated `${{` in {s:?}"));
+            return Err(
+                "unterminated `${` (close it with `}`, or write `\\${` for a literal `${`)".to_string(),
+            );
         };
         let inner = after[..end].trim();
         if !literal.is_empty() {

@@ -315,12 +315,18 @@ struct FileLayer {
 }
 
 fn parse_file_layer(name: &str, text: &str) -> Result<FileLayer> {
-    let (root, lines) = yaml::parse(text).map_err(|e| Error::Syntax {
-        origin: match e.at {
-            Some(at) => format!("{name}:{}:{}", at.line, at.column),
-            None => name.to_string(),
-        },
-        message: e.message,
+    let (root, lines) = yaml::parse(text).map_err(|e| {
+        let near = e.at.and_then(|at| yaml::key_path_near(text, at.line));
+        Error::Syntax {
+            origin: match e.at {
+                Some(at) => format!("{name}:{}:{}", at.line, at.column),
+                None => name.to_string(),
+            },
+            message: match near {
+                Some(path) => format!("{} (near key {path})", e.message),
+                None => e.message,
+            },
+        }
     })?;
     let entries = match root {
         Node::Null => Vec::new(),

@@ -8,14 +8,13 @@ use std::path::Path;
 
 use base64::Engine as _;
 use serde_json::Value;
-use serde_saphyr::Spanned;
 
 use crate::env::Env;
-use crate::error::{Collector, Error, Problem, Problems, Result};
+use crate::error::{Collector, Error, Problems, Result};
 use crate::path::KeyPath;
 use crate::schema::EConfig;
-use crate::stream::{StreamConfig, collect_streams};
-use crate::yaml::{self, Node};
+use crate::stream::{StreamConfig, collect_streams, parse_document, source_text};
+use crate::yaml::Node;
 
 /// A projected Streams document.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +85,10 @@ pub fn project_streams(path: &Path, env: &Env) -> Result<Projection> {
         } else {
             econfig_value.arena_streams_yaml_b64 = text.clone();
         }
-        let items = read_document(&econfig_value, env)?;
+        let items = source_text(&econfig_value, env)
+            .and_then(|(name, text)| parse_document(&text, &name))
+            .map_err(|p| Error::Problems(Problems(vec![p])))?
+            .items;
         (items, KeyPath::keys(["streams"]))
     } else {
         return Err(Error::Invalid(format!(
@@ -149,77 +151,6 @@ fn is_empty_text(node: &Node) -> bool {
         Node::Null => true,
         Node::Str(s) => s.trim().is_empty(),
         _ => false,
-    }
-}
-
-/// The entries of a streams file or base64 document, with the key order of the source.
-fn read_document(econfig: &EConfig, env: &Env) -> Result<Vec<Spanned<Node>>> {
-    let (name, text) = if !econfig.arena_streams_file.is_empty() {
-        let path = env.expand_tilde(econfig.arena_streams_file.trim());
-        if !path.is_file() {
-            return Err(Error::Invalid(format!(
-                "econfig.arena_streams_file: Arena Streams file not found: {}",
-                path.display()
-            )));
-        }
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        (path.display().to_string(), text)
-    } else {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(econfig.arena_streams_yaml_b64.trim())
-            .map_err(|e| {
-                Error::Invalid(format!(
-                    "econfig.arena_streams_yaml_b64: arena_streams_yaml_b64 is not valid base64 UTF-8 ({e})"
-                ))
-            })?;
-        let text = String::from_utf8(bytes).map_err(|e| {
-            Error::Invalid(format!(
-                "econfig.arena_streams_yaml_b64: arena_streams_yaml_b64 is not valid base64 UTF-8 ({e})"
-            ))
-        })?;
-        ("arena_streams_yaml_b64".to_string(), text)
-    };
-    let (root, _) = yaml::parse(&text).map_err(|e| Error::Syntax {
-        origin: match e.at {
-            Some(at) => format!("{name}:{}:{}", at.line, at.column),
-            None => name.clone(),
-        },
-        message: e.message,
-    })?;
-    let shape = |what: String| {
-        Error::Problems(Problems(vec![Problem {
-            path: String::new(),
-            message: what,
-            origin: Some(name.clone()),
-        }]))
-    };
-    match root {
-        Node::Seq(items) => Ok(items),
-        Node::Map(mut entries) => {
-            let unknown: Vec<String> = entries
-                .iter()
-                .map(|(k, _)| k.value.clone())
-                .filter(|k| k != "streams")
-                .collect();
-            if !unknown.is_empty() {
-                return Err(shape(format!(
-                    "Arena Streams document has unknown top-level fields: {unknown:?} (only `streams` is allowed)"
-                )));
-            }
-            match entries.pop().map(|(_, v)| v.value) {
-                Some(Node::Seq(items)) => Ok(items),
-                _ => Err(shape(
-                    "Arena Streams document must contain a `streams` list".into(),
-                )),
-            }
-        }
-        other => Err(shape(format!(
-            "Arena Streams document must be a `streams:` mapping or a list, got {}",
-            other.kind()
-        ))),
     }
 }
 

@@ -17,6 +17,7 @@ use crate::path::KeyPath;
 use crate::schema::EConfig;
 use crate::vocab::LlmProtocol;
 use crate::yaml::{self, LineMap, Node};
+use serde_saphyr::Spanned;
 
 /// The nine fields a Stream definition may have, in the reference's order.
 pub const STREAM_FIELDS: [&str; 9] = [
@@ -64,7 +65,7 @@ impl fmt::Display for RewardRef {
 /// One validated Arena Stream (the reference's `ArenaStreamConfig`).
 ///
 /// It serialises with the reference's field names; an unset `llm_protocol` serialises as `""`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Clone, PartialEq, Serialize)]
 pub struct StreamConfig {
     /// Mixture key, also used in metric names and audit records (`[A-Za-z0-9_.-]+`).
     pub name: String,
@@ -85,6 +86,34 @@ pub struct StreamConfig {
     pub reward_threshold: Option<f64>,
     /// Name of a reward transform; empty means none.
     pub reward_transform_fn: String,
+}
+
+/// `Debug` withholds `task_envs` values: Harness environments carry credentials.
+impl fmt::Debug for StreamConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamConfig")
+            .field("name", &self.name)
+            .field("stream_id", &self.stream_id)
+            .field("sampling_weight", &self.sampling_weight)
+            .field("harness", &self.harness)
+            .field("llm_protocol", &self.llm_protocol)
+            .field("task_envs", &EnvNames(&self.task_envs))
+            .field("expected_reward_ref", &self.expected_reward_ref)
+            .field("reward_threshold", &self.reward_threshold)
+            .field("reward_transform_fn", &self.reward_transform_fn)
+            .finish()
+    }
+}
+
+/// Shows environment variable names with their values withheld.
+pub(crate) struct EnvNames<'a>(pub(crate) &'a BTreeMap<String, String>);
+
+impl fmt::Debug for EnvNames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|k| (k, crate::REDACTED)))
+            .finish()
+    }
 }
 
 fn protocol_or_empty<S: Serializer>(p: &Option<LlmProtocol>, s: S) -> Result<S::Ok, S::Error> {
@@ -194,12 +223,8 @@ pub(crate) fn collect_streams(econfig: &EConfig, env: &Env) -> (Vec<StreamConfig
             list_path: econfig_path.key("arena_streams"),
             origin: None,
         },
-        Some("arena_streams_yaml_b64") => match decode_b64(&econfig.arena_streams_yaml_b64) {
-            Ok(d) => d,
-            Err(p) => return (Vec::new(), vec![p]),
-        },
-        Some(_) => match read_streams_file(&econfig.arena_streams_file, env) {
-            Ok(d) => d,
+        Some(_) => match source_text(econfig, env).and_then(|(name, text)| parse_document(&text, &name)) {
+            Ok(raw) => raw.into_document(),
             Err(p) => return (Vec::new(), vec![p]),
         },
     };
@@ -348,10 +373,18 @@ fn legacy_stream(econfig: &EConfig) -> (Vec<StreamConfig>, Vec<Problem>) {
     (vec![stream], c.into_problems())
 }
 
-fn decode_b64(encoded: &str) -> Result<Document, Problem> {
-    const FIELD: &str = "econfig.arena_streams_yaml_b64";
+/// The name (for messages) and text of the base64 or file source of `econfig`.
+pub(crate) fn source_text(econfig: &EConfig, env: &Env) -> Result<(String, String), Problem> {
+    if econfig.arena_streams_file.trim().is_empty() {
+        decode_b64(&econfig.arena_streams_yaml_b64)
+    } else {
+        read_streams_file(&econfig.arena_streams_file, env)
+    }
+}
+
+fn decode_b64(encoded: &str) -> Result<(String, String), Problem> {
     let bad = |why: String| Problem {
-        path: FIELD.to_string(),
+        path: "econfig.arena_streams_yaml_b64".to_string(),
         message: format!("arena_streams_yaml_b64 is not valid base64 UTF-8 ({why})"),
         origin: None,
     };
@@ -359,14 +392,13 @@ fn decode_b64(encoded: &str) -> Result<Document, Problem> {
         .decode(encoded.trim())
         .map_err(|e| bad(e.to_string()))?;
     let text = String::from_utf8(bytes).map_err(|e| bad(e.to_string()))?;
-    parse_document(&text, "arena_streams_yaml_b64")
+    Ok(("arena_streams_yaml_b64".to_string(), text))
 }
 
-fn read_streams_file(configured: &str, env: &Env) -> Result<Document, Problem> {
-    const FIELD: &str = "econfig.arena_streams_file";
+fn read_streams_file(configured: &str, env: &Env) -> Result<(String, String), Problem> {
     let path = env.expand_tilde(configured.trim());
     let problem = |message: String| Problem {
-        path: FIELD.to_string(),
+        path: "econfig.arena_streams_file".to_string(),
         message,
         origin: None,
     };
@@ -378,11 +410,30 @@ fn read_streams_file(configured: &str, env: &Env) -> Result<Document, Problem> {
     }
     let text = std::fs::read_to_string(&path)
         .map_err(|e| problem(format!("cannot read Arena Streams file {}: {e}", path.display())))?;
-    parse_document(&text, &path.display().to_string())
+    Ok((path.display().to_string(), text))
+}
+
+/// A parsed streams document: its items in source order and where they are.
+pub(crate) struct RawDocument {
+    name: String,
+    pub(crate) items: Vec<Spanned<Node>>,
+    lines: LineMap,
+    /// The path of the list inside the document: `streams` or the root.
+    in_doc: KeyPath,
+}
+
+impl RawDocument {
+    fn into_document(self) -> Document {
+        Document {
+            entries: self.items.iter().map(|i| i.value.to_json()).collect(),
+            list_path: KeyPath::keys(["streams"]),
+            origin: Some((self.name, self.lines, self.in_doc)),
+        }
+    }
 }
 
 /// Parses a streams document: `streams: [...]` (no other top-level key) or a bare non-empty list.
-fn parse_document(text: &str, name: &str) -> Result<Document, Problem> {
+pub(crate) fn parse_document(text: &str, name: &str) -> Result<RawDocument, Problem> {
     let problem = |message: String, at: Option<yaml::LineCol>| Problem {
         path: String::new(),
         message,
@@ -393,7 +444,7 @@ fn parse_document(text: &str, name: &str) -> Result<Document, Problem> {
     };
     let (root, lines) = yaml::parse(text)
         .map_err(|e| problem(format!("Arena Streams YAML is not valid: {}", e.message), e.at))?;
-    let (list, in_doc) = match root {
+    let (items, in_doc) = match root {
         Node::Seq(items) => (items, KeyPath::root()),
         Node::Map(mut entries) => {
             let mut unknown: Vec<&str> = entries
@@ -438,16 +489,17 @@ fn parse_document(text: &str, name: &str) -> Result<Document, Problem> {
             ));
         }
     };
-    if list.is_empty() {
+    if items.is_empty() {
         return Err(problem(
             "Arena Streams document defines no streams: the list must be non-empty".into(),
             lines.get(&in_doc),
         ));
     }
-    Ok(Document {
-        entries: list.iter().map(|i| i.value.to_json()).collect(),
-        list_path: KeyPath::keys(["streams"]),
-        origin: Some((name.to_string(), lines, in_doc)),
+    Ok(RawDocument {
+        name: name.to_string(),
+        items,
+        lines,
+        in_doc,
     })
 }
 
@@ -609,7 +661,14 @@ fn parse_entry(entry: &Value, index: usize, out: &mut Vec<(KeyPath, String)>) ->
                     }
                     other => found.push((
                         KeyPath::keys(["task_envs", k.as_str()]),
-                        format!("task_envs values must be strings, got {}", describe(other)),
+                        format!(
+                            "task_envs values must be strings, got {}",
+                            if crate::redact::is_sensitive_key(k) {
+                                "a non-string (not shown: it may be a secret)".to_string()
+                            } else {
+                                describe(other)
+                            }
+                        ),
                     )),
                 }
             }

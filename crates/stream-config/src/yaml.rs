@@ -107,6 +107,40 @@ pub(crate) fn parse_flow(text: &str) -> Result<Node, SyntaxError> {
     parse(text).map(|(node, _)| node)
 }
 
+/// The key path around `line` (1-based), read from indentation alone: a best effort for syntax errors, which
+/// stop before a tree exists. List items add no index.
+pub(crate) fn key_path_near(text: &str, line: u64) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let last = usize::try_from(line).ok()?.min(lines.len()).checked_sub(1)?;
+    let mut keys = Vec::new();
+    let mut limit = usize::MAX;
+    for l in lines[..=last].iter().rev() {
+        let trimmed = l.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let item = trimmed.strip_prefix("- ").map_or(trimmed, str::trim_start);
+        let indent = l.len() - item.len();
+        if indent >= limit {
+            continue;
+        }
+        let Some((key, _)) = item.split_once(':') else {
+            continue;
+        };
+        let key = key.trim().trim_matches(['"', '\'']);
+        if key.is_empty() || key.contains([' ', '{', '[', ',']) {
+            continue;
+        }
+        keys.push(key.to_string());
+        limit = indent;
+        if indent == 0 {
+            break;
+        }
+    }
+    keys.reverse();
+    (!keys.is_empty()).then(|| keys.join("."))
+}
+
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().trim().to_string()
 }

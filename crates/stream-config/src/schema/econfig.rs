@@ -1,6 +1,7 @@
 //! The `econfig` section: every run-level Arena knob of the reference's `SWEEnvConfig` (spec 2.1).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +28,7 @@ pub enum DatasetSource {
 /// `arena_streams_file` may be set; with none, the legacy single-stream fields (`stream_id`, `arena_harness`,
 /// `arena_llm_protocol`, `arena_task_envs`, `arena_reward_threshold`, `arena_reward_transform_fn`) describe one
 /// stream named `default`. See [`crate::load_stream_configs`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EConfig {
     /// Where prompts come from: `arena` (default) or `jsonl`.
@@ -78,6 +79,34 @@ pub struct EConfig {
     pub arena_reward_transform_fn: String,
     /// Seconds one episode (launch and wait for the result) may take.
     pub timeout: f64,
+}
+
+/// `Debug` withholds every `task_envs` and `arena_task_envs` value and redacts credentials elsewhere.
+impl fmt::Debug for EConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut value = serde_json::to_value(self).map_err(|_| fmt::Error)?;
+        hide_env_values(&mut value);
+        write!(f, "EConfig {}", crate::redact(&value))
+    }
+}
+
+fn hide_env_values(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                match v {
+                    serde_json::Value::Object(envs) if key == "task_envs" || key == "arena_task_envs" => {
+                        for env_value in envs.values_mut() {
+                            *env_value = serde_json::Value::String(crate::REDACTED.to_string());
+                        }
+                    }
+                    other => hide_env_values(other),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(hide_env_values),
+        _ => {}
+    }
 }
 
 impl Default for EConfig {

@@ -345,3 +345,24 @@ fn stream_config_serialises_with_reference_field_names() {
     let back: StreamConfig = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
     assert_eq!(back, s);
 }
+
+#[test]
+fn debug_output_withholds_task_env_values() {
+    let s = parse_stream_config(
+        &json!({"name": "a", "stream_id": "s", "task_envs": {"HEADERS": "x-session-token: abc123"}}),
+    )
+    .unwrap();
+    let shown = format!("{s:?}");
+    assert!(shown.contains("HEADERS") && !shown.contains("abc123"), "{shown}");
+    let econfig = EConfig {
+        arena_task_envs: envs(&[("PLAIN", "hunter2")]),
+        arena_streams: vec![json!({"name": "a", "stream_id": "s", "task_envs": {"X": "sk-inline"}})],
+        ..EConfig::default()
+    };
+    let shown = format!("{econfig:?}");
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("sk-inline"),
+        "{shown}"
+    );
+    assert!(shown.contains("arena_request_timeout"), "{shown}");
+}

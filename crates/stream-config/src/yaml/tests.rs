@@ -46,3 +46,14 @@ fn syntax_errors_carry_a_location_and_one_line() {
     assert!(e.message.to_lowercase().contains("duplicate"), "{}", e.message);
     assert_eq!(parse("  \n").unwrap().0, Node::Null);
 }
+
+#[test]
+fn key_paths_near_a_line_follow_indentation() {
+    let text = "a: 1\nb:\n  # comment\n  c:\n    - name: x\n      bad: [1\n  d: 2\n";
+    assert_eq!(key_path_near(text, 6).as_deref(), Some("b.c.bad"));
+    assert_eq!(key_path_near(text, 5).as_deref(), Some("b.c.name"));
+    assert_eq!(key_path_near(text, 7).as_deref(), Some("b.d"));
+    assert_eq!(key_path_near(text, 1).as_deref(), Some("a"));
+    assert_eq!(key_path_near(text, 99).as_deref(), Some("b.d"));
+    assert_eq!(key_path_near("[1, 2", 1), None);
+}
