@@ -300,7 +300,7 @@ impl SessionStore {
         let session = self.get_mut(id)?;
         session.ended = true;
         session.last_activity = now;
-        let _ = session.ended_tx.send(true);
+        session.ended_tx.send_replace(true);
         let digest = session.key_digest;
         let summary = EndSummary {
             message: "success",
@@ -339,7 +339,7 @@ impl SessionStore {
             self.keys.remove(&session.key_digest);
         }
         self.stored_tokens = self.stored_tokens.saturating_sub(session.stored_tokens);
-        let _ = session.ended_tx.send(true);
+        session.ended_tx.send_replace(true);
         self.tombstones.insert(session.id.clone(), reason);
         self.tombstone_order.push_back(session.id.clone());
         while self.tombstone_order.len() > self.limits.max_tombstones {

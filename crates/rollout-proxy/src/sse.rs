@@ -78,20 +78,24 @@ struct Driver<P> {
 }
 
 impl<P: SseProtocol> Driver<P> {
-    fn handle(&mut self, step: Step, out: &mut BytesMut) {
-        if !step.events.is_empty() {
-            self.protocol.events(&step.events, out);
+    /// Collects a step's events; on the last step, frames everything collected and the end.
+    fn handle(&mut self, step: Step, events: &mut Vec<GenEvent>, out: &mut BytesMut) {
+        events.extend(step.events);
+        let Some(end) = step.end else {
+            return;
+        };
+        self.flush(events, out);
+        match end {
+            Ok(summary) => self.protocol.done(&summary, out),
+            Err(error) => self.protocol.error(&error, out),
         }
-        match step.end {
-            None => {}
-            Some(Ok(summary)) => {
-                self.protocol.done(&summary, out);
-                self.finished = true;
-            }
-            Some(Err(error)) => {
-                self.protocol.error(&error, out);
-                self.finished = true;
-            }
+        self.finished = true;
+    }
+
+    fn flush(&mut self, events: &mut Vec<GenEvent>, out: &mut BytesMut) {
+        if !events.is_empty() {
+            self.protocol.events(events, out);
+            events.clear();
         }
     }
 
@@ -109,13 +113,16 @@ impl<P: SseProtocol> Driver<P> {
             tokio::select! {
                 biased;
                 step = self.generation.next() => {
-                    self.handle(step, &mut out);
+                    // Everything the engine already has goes out in one write.
+                    let mut events = Vec::new();
+                    self.handle(step, &mut events, &mut out);
                     while !self.finished {
                         match self.generation.next().now_or_never() {
-                            Some(step) => self.handle(step, &mut out),
+                            Some(step) => self.handle(step, &mut events, &mut out),
                             None => break,
                         }
                     }
+                    self.flush(&mut events, &mut out);
                     self.ping.as_mut().reset(Instant::now() + self.interval);
                     if !out.is_empty() || self.finished {
                         return Some(out.freeze());
