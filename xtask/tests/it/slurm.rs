@@ -155,44 +155,66 @@ fn assert_no_credentials(what: &str, text: &str) {
     }
 }
 
-#[test]
-fn check_arena_runs_the_preflight_under_slurm() {
-    let cluster = match Cluster::start() {
-        Ok(c) => c,
-        Err(Unavailable(reason)) => {
-            eprintln!("SKIPPED: the real-Slurm test needs a one-node Slurm cluster: {reason}");
-            return;
-        }
-    };
-    let (arena_rl, arena_sim) = binaries();
-    let work = tempfile::Builder::new()
-        .prefix("submit-")
-        .tempdir_in("/tmp")
-        .expect("work dir");
-    let w = work.path();
-    write(&w.join("world.yaml"), WORLD);
-    let sim = Sim::start(&arena_sim, &w.join("world.yaml"));
-    std::fs::create_dir_all(w.join("model")).expect("model dir");
-    std::fs::create_dir_all(w.join("runs")).expect("file root");
-    // The file's base URL is stale: the explicit launch value must win over it.
-    write(
-        &w.join("arena.env"),
-        &credentials("http://127.0.0.1:9/stale", true),
-    );
-    write(&w.join("partial.env"), &credentials(&sim.base_url, false));
+/// Everything a submission under Slurm needs: the cluster, the binaries, a running `arena-sim`, and a shared
+/// directory with a model directory, a file root and credentials files.
+///
+/// A test of a whole training run uses it the same way as the `--check-arena` test below: `Site::start`, then
+/// `submit` without `--check-arena`, then `cluster.wait_job` on the controller and on the id in `train.jobid`.
+struct Site {
+    // Dropped in this order: arena-sim, then the files, then the cluster's daemons.
+    sim: Sim,
+    work: tempfile::TempDir,
+    arena_rl: PathBuf,
+    cluster: Cluster,
+}
 
-    let submit = |trial: &str, credentials: &str| {
+impl Site {
+    /// Starts the cluster and `arena-sim` serving `world`; `None` (after saying why) where Slurm is unavailable.
+    fn start(world: &str) -> Option<Self> {
+        let cluster = match Cluster::start() {
+            Ok(c) => c,
+            Err(Unavailable(reason)) => {
+                eprintln!("SKIPPED: the real-Slurm test needs a one-node Slurm cluster: {reason}");
+                return None;
+            }
+        };
+        let (arena_rl, arena_sim) = binaries();
+        let work = tempfile::Builder::new()
+            .prefix("submit-")
+            .tempdir_in("/tmp")
+            .expect("work dir");
+        let w = work.path();
+        write(&w.join("world.yaml"), world);
+        let sim = Sim::start(&arena_sim, &w.join("world.yaml"));
+        std::fs::create_dir_all(w.join("model")).expect("model dir");
+        std::fs::create_dir_all(w.join("runs")).expect("file root");
+        Some(Self {
+            sim,
+            work,
+            arena_rl,
+            cluster,
+        })
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.work.path().join(rel)
+    }
+
+    /// `xtask submit ARGS` with the host as the container and the credentials file `credentials` (under the
+    /// work directory); returns the controller's job id after checking xtask's output holds no credential.
+    fn submit(&self, trial: &str, credentials: &str, args: &[&str]) -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-            .args(["submit", "--check-arena", "--profile", "local"])
+            .arg("submit")
+            .args(args)
             .env_clear()
-            .envs(cluster.env())
-            .env("HOME", w)
+            .envs(self.cluster.env())
+            .env("HOME", self.work.path())
             .env("AREAL_CONTAINER_BIN", "none")
-            .env("MODEL_PATH", w.join("model"))
-            .env("AREAL_FILEROOT", w.join("runs"))
-            .env("ARENA_CREDENTIALS_FILE", w.join(credentials))
-            .env("ARENA_RL_BIN", &arena_rl)
-            .env("ARENA_OPENAPI_BASE", &sim.base_url)
+            .env("MODEL_PATH", self.path("model"))
+            .env("AREAL_FILEROOT", self.path("runs"))
+            .env("ARENA_CREDENTIALS_FILE", self.path(credentials))
+            .env("ARENA_RL_BIN", &self.arena_rl)
+            .env("ARENA_OPENAPI_BASE", &self.sim.base_url)
             .env("ARENA_SUPERVISE_INTERVAL", "1")
             .env("TRIAL_NAME", trial)
             // Set on the login node, never passed on: the credentials file is the only source.
@@ -206,18 +228,45 @@ fn check_arena_runs_the_preflight_under_slurm() {
         let job = stdout.trim().to_string();
         assert!(job.bytes().all(|b| b.is_ascii_digit()), "job id {job:?}");
         job
+    }
+
+    /// Waits for the controller `job` of `trial`; returns its final state and log.
+    fn wait_controller(&self, trial: &str, job: &str) -> (String, String) {
+        let state = self.cluster.wait_job(job, Duration::from_secs(120));
+        let log =
+            std::fs::read_to_string(self.path(&format!("runs/submissions/{trial}/controller-{job}.log")))
+                .unwrap_or_default();
+        (state, log)
+    }
+}
+
+#[test]
+fn check_arena_runs_the_preflight_under_slurm() {
+    let Some(site) = Site::start(WORLD) else {
+        return;
     };
+    // The file's base URL is stale: the explicit launch value must win over it.
+    write(
+        &site.path("arena.env"),
+        &credentials("http://127.0.0.1:9/stale", true),
+    );
+    write(&site.path("partial.env"), &credentials(&site.sim.base_url, false));
+    let check = ["--check-arena", "--profile", "local"];
 
     // The complete credentials file: the controller runs the preflight and stops.
-    let job = submit("slurm-check", "arena.env");
-    let state = cluster.wait_job(&job, Duration::from_secs(120));
-    let dir = w.join("runs/submissions/slurm-check");
-    let log = std::fs::read_to_string(dir.join(format!("controller-{job}.log"))).unwrap_or_default();
-    assert_eq!(state, "COMPLETED", "controller log:\n{log}\n{}", cluster.logs());
+    let job = site.submit("slurm-check", "arena.env", &check);
+    let (state, log) = site.wait_controller("slurm-check", &job);
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "controller log:\n{log}\n{}",
+        site.cluster.logs()
+    );
     assert!(
         log.contains("controller: --check-arena: stopping before training"),
         "{log}"
     );
+    let dir = site.path("runs/submissions/slurm-check");
     let preflight: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("preflight.json")).expect("preflight.json written"),
     )
@@ -227,11 +276,12 @@ fn check_arena_runs_the_preflight_under_slurm() {
         assert_no_credentials(&path.display().to_string(), &text);
     }
     // Slurm keeps each job's script and environment: no credential was handed to it.
-    let stored = files(&cluster.state_dir());
+    let state_dir = site.cluster.state_dir();
+    let stored = files(&state_dir);
     assert!(
         stored.iter().any(|(_, text)| text.contains("slurm-check")),
         "the job's stored environment was not found under {}",
-        cluster.state_dir().display()
+        state_dir.display()
     );
     for (path, text) in stored {
         assert_no_credentials(&path.display().to_string(), &text);
@@ -242,14 +292,16 @@ fn check_arena_runs_the_preflight_under_slurm() {
     );
 
     // Without SWE_RL_ADMIN_API_KEY the controller fails before the preflight, naming the variable.
-    let job = submit("slurm-partial", "partial.env");
-    let state = cluster.wait_job(&job, Duration::from_secs(120));
-    let dir = w.join("runs/submissions/slurm-partial");
-    let log = std::fs::read_to_string(dir.join(format!("controller-{job}.log"))).unwrap_or_default();
+    let job = site.submit("slurm-partial", "partial.env", &check);
+    let (state, log) = site.wait_controller("slurm-partial", &job);
     assert_eq!(state, "FAILED", "controller log:\n{log}");
     assert!(
         log.contains("controller: SWE_RL_ADMIN_API_KEY is not set; export it from"),
         "{log}"
     );
-    assert!(!dir.join("preflight.json").exists());
+    assert!(
+        !site
+            .path("runs/submissions/slurm-partial/preflight.json")
+            .exists()
+    );
 }
