@@ -5,7 +5,7 @@
 //! job's nodes. The knobs reach the run config as dotted overrides on the `arena-rl train` command line.
 
 use super::env::Env;
-use super::validate::Problems;
+use super::validate::{Problems, int_var};
 
 /// Which launch profile `cargo xtask submit` renders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -186,37 +186,21 @@ fn flash_v3(env: &Env, problems: &mut Problems) -> Option<Knobs> {
 /// `MAX_TOKENS` / `MAX_NEW_TOKENS`: unset means the default (`None`); set, a positive integer strictly below
 /// `CONTEXT_LENGTH`.
 fn below_context(env: &Env, name: &str, context: Option<u64>, problems: &mut Problems) -> Option<u64> {
-    let s = env.get(name)?;
-    match s.parse::<u64>() {
-        Ok(n) if n > 0 && s.bytes().all(|b| b.is_ascii_digit()) => {
-            if let Some(c) = context
-                && n >= c
-            {
-                problems.push(format!(
-                    "{name} must be less than CONTEXT_LENGTH ({c}), got '{s}'"
-                ));
-                return None;
-            }
-            Some(n)
-        }
-        _ => {
-            problems.push(format!("{name} must be a positive integer, got '{s}'"));
+    env.get(name)?;
+    let n = positive(env, name, 0, problems)?;
+    match context {
+        Some(c) if n >= c => {
+            problems.push(format!(
+                "{name} must be less than CONTEXT_LENGTH ({c}), got '{n}'"
+            ));
             None
         }
+        _ => Some(n),
     }
 }
 
 fn positive(env: &Env, name: &str, default: u64, problems: &mut Problems) -> Option<u64> {
-    let Some(s) = env.get(name) else {
-        return Some(default);
-    };
-    match s.parse::<u64>() {
-        Ok(n) if n > 0 && s.bytes().all(|b| b.is_ascii_digit()) => Some(n),
-        _ => {
-            problems.push(format!("{name} must be a positive integer, got '{s}'"));
-            None
-        }
-    }
+    int_var(problems, env, name, default, 1..=u64::MAX, "a positive integer")
 }
 
 /// A positive decimal without a leading zero (`^[1-9][0-9]*$`).
@@ -279,18 +263,14 @@ pub(crate) fn placement(
     env: &Env,
     problems: &mut Problems,
 ) -> Option<Placement> {
-    let gpus_per_node = match env.get("N_GPUS_PER_NODE") {
-        None => profile.default_gpus_per_node(),
-        Some(s) => match s.parse::<u32>() {
-            Ok(n) if s.bytes().all(|b| b.is_ascii_digit()) && n <= 64 => n,
-            _ => {
-                problems.push(format!(
-                    "N_GPUS_PER_NODE must be an integer from 0 to 64, got '{s}'"
-                ));
-                return None;
-            }
-        },
-    };
+    let gpus_per_node = int_var(
+        problems,
+        env,
+        "N_GPUS_PER_NODE",
+        profile.default_gpus_per_node(),
+        0..=64,
+        "an integer from 0 to 64",
+    )?;
     if knobs.rollout == "in-process" {
         return Some(Placement {
             gpus_per_node,

@@ -239,18 +239,14 @@ pub(crate) fn validate(
     let account = site("SBATCH_ACCOUNT");
     let reservation = site("SBATCH_RESERVATION");
 
-    let min_tasks = match env.get("ARENA_PREFLIGHT_MIN_TASKS") {
-        None => Some(1),
-        Some(s) => match s.parse::<u64>() {
-            Ok(n) if s.bytes().all(|b| b.is_ascii_digit()) => Some(n),
-            _ => {
-                p.push(format!(
-                    "ARENA_PREFLIGHT_MIN_TASKS must be a non-negative integer, got '{s}'"
-                ));
-                None
-            }
-        },
-    };
+    let min_tasks = int_var(
+        &mut p,
+        env,
+        "ARENA_PREFLIGHT_MIN_TASKS",
+        1,
+        0..=u64::MAX,
+        "a non-negative integer",
+    );
     let stream_id = env
         .get("ARENA_STREAM_ID")
         .filter(|s| printable(&mut p, "ARENA_STREAM_ID", s))
@@ -274,18 +270,14 @@ pub(crate) fn validate(
             Some(_) => printable(&mut p, "ARENA_OPENAPI_BASE", u).then(|| u.to_string()),
         }
     });
-    let policy_port = match env.get("ARENA_POLICY_PORT") {
-        None => Some(30000),
-        Some(s) => match s.parse::<u16>() {
-            Ok(n) if n >= 1024 && s.bytes().all(|b| b.is_ascii_digit()) => Some(n),
-            _ => {
-                p.push(format!(
-                    "ARENA_POLICY_PORT must be a port from 1024 to 65535, got '{s}'"
-                ));
-                None
-            }
-        },
-    };
+    let policy_port = int_var(
+        &mut p,
+        env,
+        "ARENA_POLICY_PORT",
+        30000_u16,
+        1024..=65535,
+        "a port from 1024 to 65535",
+    );
     if let (Some(port), Some(pl)) = (policy_port, &placement)
         && u32::from(port) + pl.replicas_per_node > 65536
     {
@@ -295,18 +287,14 @@ pub(crate) fn validate(
         ));
     }
 
-    let supervise_interval = match env.get("ARENA_SUPERVISE_INTERVAL") {
-        None => Some(30),
-        Some(s) => match s.parse::<u32>() {
-            Ok(n) if (1..=3600).contains(&n) && s.bytes().all(|b| b.is_ascii_digit()) => Some(n),
-            _ => {
-                p.push(format!(
-                    "ARENA_SUPERVISE_INTERVAL must be a number of seconds from 1 to 3600, got '{s}'"
-                ));
-                None
-            }
-        },
-    };
+    let supervise_interval = int_var(
+        &mut p,
+        env,
+        "ARENA_SUPERVISE_INTERVAL",
+        30_u32,
+        1..=3600,
+        "a number of seconds from 1 to 3600",
+    );
 
     let dataset_config = if profile == Profile::FlashV3 {
         let path = match env.get("DATASET_CONFIG") {
@@ -366,6 +354,28 @@ pub(crate) fn validate(
         host: ctx.host.clone(),
         timestamp: ctx.timestamp.clone(),
     })
+}
+
+/// An integer variable: unset gives `default`; set, it must be decimal digits within `range`, else the problem
+/// is "NAME must be WHAT, got 'VALUE'".
+pub(crate) fn int_var<T: std::str::FromStr + PartialOrd>(
+    p: &mut Problems,
+    env: &Env,
+    name: &str,
+    default: T,
+    range: std::ops::RangeInclusive<T>,
+    what: &str,
+) -> Option<T> {
+    let Some(s) = env.get(name) else {
+        return Some(default);
+    };
+    match s.parse::<T>() {
+        Ok(n) if s.bytes().all(|b| b.is_ascii_digit()) && range.contains(&n) => Some(n),
+        _ => {
+            p.push(format!("{name} must be {what}, got '{s}'"));
+            None
+        }
+    }
 }
 
 fn required<'e>(p: &mut Problems, env: &'e Env, name: &str, what: &str) -> Option<&'e str> {
