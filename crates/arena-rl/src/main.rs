@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd {
     pub(crate) mod preflight;
+    pub(crate) mod proxy;
     pub(crate) mod quickstart;
     pub(crate) mod streams;
 }
@@ -34,6 +35,8 @@ enum Command {
     Quickstart(cmd::quickstart::Args),
     /// Check Arena Streams against the live Arena before a run is submitted, and write preflight.json.
     Preflight(cmd::preflight::Args),
+    /// Run the rollout proxy with a fake engine or in front of an SGLang server.
+    Proxy(cmd::proxy::Args),
     /// Inspect Arena Stream definitions.
     #[command(subcommand)]
     Streams(cmd::streams::Command),
@@ -42,6 +45,7 @@ enum Command {
 fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
         Command::Preflight(args) => cmd::preflight::run(args),
+        Command::Proxy(args) => cmd::proxy::run(args),
         Command::Quickstart(args) => cmd::quickstart::run(args),
         Command::Streams(command) => cmd::streams::run(command),
     };

@@ -2,3 +2,4 @@
 
 mod config;
 mod preflight;
+mod proxy;
