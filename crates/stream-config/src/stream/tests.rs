@@ -1,3 +1,6 @@
+//! Stream definitions: spec 8.2 items 1, 2, 4, 7, 8 and 18, every rule of 2.3, the three sources and the
+//! legacy fallback.
+
 use std::collections::BTreeMap;
 
 use base64::Engine as _;

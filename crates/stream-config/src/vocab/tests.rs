@@ -1,3 +1,5 @@
+//! Shared vocabulary: protocol inference and task status sets.
+
 use super::*;
 
 #[test]
