@@ -34,11 +34,19 @@ pub enum Endpoint {
     HarnessVersion,
     /// E10 `GET /openapi/v1/streams/{stream_id}/tasks`.
     StreamTasks,
+    /// LLM gateway: `POST /api/v1/messages` (Anthropic Messages).
+    GatewayMessages,
+    /// LLM gateway: `POST /api/v1/messages/count_tokens`.
+    GatewayCountTokens,
+    /// LLM gateway: `POST /api/v1/chat/completions` and `/api/chat/completions`.
+    GatewayChat,
+    /// LLM gateway: `POST /api/v1/responses` and `/api/responses`.
+    GatewayResponses,
 }
 
 impl Endpoint {
-    /// Every endpoint.
-    pub const ALL: [Endpoint; 12] = [
+    /// Every endpoint, the LLM gateway's included.
+    pub const ALL: [Endpoint; 16] = [
         Self::ListStreams,
         Self::GetStream,
         Self::Dataset,
@@ -51,6 +59,10 @@ impl Endpoint {
         Self::RenewModel,
         Self::HarnessVersion,
         Self::StreamTasks,
+        Self::GatewayMessages,
+        Self::GatewayCountTokens,
+        Self::GatewayChat,
+        Self::GatewayResponses,
     ];
 
     /// The snake-case name used in YAML and counters.
@@ -68,6 +80,10 @@ impl Endpoint {
             Self::RenewModel => "renew_model",
             Self::HarnessVersion => "harness_version",
             Self::StreamTasks => "stream_tasks",
+            Self::GatewayMessages => "gateway_messages",
+            Self::GatewayCountTokens => "gateway_count_tokens",
+            Self::GatewayChat => "gateway_chat",
+            Self::GatewayResponses => "gateway_responses",
         }
     }
 }
@@ -82,7 +98,7 @@ impl fmt::Display for Endpoint {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum EndpointSelector {
-    /// The literal `all`.
+    /// The literal `all`: every endpoint, the LLM gateway's included.
     All(AllEndpoints),
     /// One endpoint.
     One(Endpoint),
@@ -120,7 +136,8 @@ pub enum FaultKind {
     NonJson,
     /// Wait this many milliseconds, then handle the request normally (past a client timeout, the reply is lost).
     DelayMs(u64),
-    /// Handle the request, then drop the connection without a complete response (a lost response).
+    /// Handle the request, then drop the connection without a complete response (a lost response); on the
+    /// LLM gateway the request is forwarded and the upstream's answer is lost.
     Drop,
     /// Dataset pages only: report `total + 1`, as if rows were added mid-pagination.
     ChangeTotal,
@@ -134,7 +151,8 @@ pub enum FaultKind {
     WrongCount,
     /// Report another id than the one asked for (`stream_id`, `model_name` or `task_id`).
     WrongId,
-    /// LLM routes only: forget the route before handling, as Arena's idle garbage collection does.
+    /// LLM routes and the LLM gateway: forget the route before handling, as Arena's idle garbage collection
+    /// does (the gateway then answers 404 for its model).
     GcRoute,
 }
 

@@ -2,8 +2,8 @@
 //!
 //! A [`Harness`] receives everything Arena would hand a real harness (the full launch request and the row's
 //! dataset metadata) and returns how the launch is answered plus a future for the outcome.
-//! This crate ships [`ScriptedHarness`], which returns configured outcomes; harnesses that call a model over
-//! HTTP plug in through the same trait.
+//! This crate ships [`ScriptedHarness`], which returns configured outcomes, and the runners of
+//! [`crate::runner`], which call a model over HTTP or run an external command and grade the result.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::watch;
+
+use crate::tasks::TaskFamily;
 
 /// The body of a `launch_one_task` request, as the sim received it.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -63,6 +65,8 @@ pub struct HarnessContext {
     pub harness: Option<String>,
     /// The row's dataset tags, as served.
     pub tags: Value,
+    /// The row's task family: its `domain:max`/`domain:min` tag, else its stream's `task_family`.
+    pub task_family: Option<TaskFamily>,
     /// The gateway URL of this Arena (`{base}/api`).
     pub gateway_url: String,
     pub(crate) status: watch::Sender<String>,

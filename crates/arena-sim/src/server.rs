@@ -1,5 +1,5 @@
-//! The HTTP side: the axum router serving E1-E11 and cancel, the shared state behind it, and the
-//! [`ArenaSim`] handle tests hold.
+//! The HTTP side: the axum router serving E1-E11, cancel and the LLM gateway, the shared state behind it,
+//! and the [`ArenaSim`] handle tests hold.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -28,20 +28,22 @@ use crate::{Error, Result};
 /// The marker in a 403 body that Arena's gateway sends for a transient rejection.
 pub const TRANSIENT_403_MARKER: &str = "spanner-http-ant-group-watch-all";
 
-struct Shared {
-    state: Mutex<State>,
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
     token: String,
-    llm_api_key: Option<String>,
+    pub(crate) llm_api_key: Option<String>,
     dataset_items: bool,
     cancel_endpoint: CancelEndpoint,
     task_id_prefix: String,
     harnesses: HarnessSet,
     base_url: String,
+    /// The gateway's pooled client for upstream calls.
+    pub(crate) http: reqwest::Client,
     changed: watch::Sender<u64>,
 }
 
 impl Shared {
-    fn bump(&self) {
+    pub(crate) fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
@@ -79,6 +81,13 @@ impl SimBuilder {
             source,
         })?;
         let base_url = format!("http://{addr}");
+        let http = http_client().map_err(Error::World)?;
+        let mut harnesses = self.harnesses;
+        for (key, def) in &self.world.runners {
+            harnesses
+                .entry(key.clone())
+                .or_insert_with(|| def.build(key, self.world.seed, http.clone()));
+        }
         let scripted = Arc::new(ScriptedHarness::new(self.world.scripted.clone()));
         let shared = Arc::new(Shared {
             state: Mutex::new(State::new(&self.world)),
@@ -88,10 +97,11 @@ impl SimBuilder {
             cancel_endpoint: self.world.cancel_endpoint,
             task_id_prefix: self.world.task_id_prefix.clone(),
             harnesses: HarnessSet {
-                by_key: self.harnesses,
+                by_key: harnesses,
                 fallback: scripted.clone(),
             },
             base_url: base_url.clone(),
+            http,
             changed: watch::channel(0).0,
         });
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -262,6 +272,19 @@ impl ArenaSim {
     }
 }
 
+/// The pooled client the gateway forwards with and the LLM harnesses call models with: no overall timeout
+/// (streams last as long as the model writes), a connect timeout, and no proxy from the environment.
+pub(crate) fn http_client() -> std::result::Result<reqwest::Client, String> {
+    // reqwest is built without a bundled TLS provider; an error only means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
 impl Drop for ArenaSim {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -274,7 +297,7 @@ impl Drop for ArenaSim {
 }
 
 fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    crate::gateway::routes()
         .route("/openapi/v1/streams", get(list_streams))
         .route("/openapi/v1/streams/{stream_id}", get(get_stream))
         .route("/openapi/v1/streams/{stream_id}/dataset", post(dataset))
@@ -297,12 +320,12 @@ fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-type Sim = AxState<Arc<Shared>>;
+pub(crate) type Sim = AxState<Arc<Shared>>;
 
 /// What every handler needs from the request head.
-struct Req {
-    uri: Uri,
-    headers: HeaderMap,
+pub(crate) struct Req {
+    pub(crate) uri: Uri,
+    pub(crate) headers: HeaderMap,
     peer: Option<SocketAddr>,
 }
 
@@ -326,12 +349,12 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Req {
 
 /// What a handler learns from [`begin`]: the fault to apply while handling, if any. It counts the request
 /// as in flight until dropped.
-struct Call {
-    fault: Option<FaultKind>,
-    _in_flight: InFlight,
+pub(crate) struct Call {
+    pub(crate) fault: Option<FaultKind>,
+    pub(crate) _in_flight: InFlight,
 }
 
-struct InFlight {
+pub(crate) struct InFlight {
     shared: Arc<Shared>,
     endpoint: Endpoint,
 }
@@ -387,12 +410,59 @@ async fn begin(
     req: &Req,
     body: Option<Value>,
 ) -> std::result::Result<Call, Response> {
-    let (uri, headers) = (&req.uri, &req.headers);
-    let authorized = headers
+    let authorized = req
+        .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| t == shared.token);
+    let (fault, in_flight) = admit(shared, endpoint, method, req, body, authorized);
+    if !authorized {
+        return Err(error_body(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid bearer token",
+        ));
+    }
+    match fault {
+        Some(FaultKind::Status(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Err(error_body(status, "injected fault"))
+        }
+        Some(FaultKind::Marker403) => Err(marker_403()),
+        Some(FaultKind::DelayMs(ms)) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(Call {
+                fault: None,
+                _in_flight: in_flight,
+            })
+        }
+        other => Ok(Call {
+            fault: other,
+            _in_flight: in_flight,
+        }),
+    }
+}
+
+/// The transient 403 of Arena's gateway, with its marker.
+pub(crate) fn marker_403() -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        format!("<html><body>Access denied ({TRANSIENT_403_MARKER})</body></html>"),
+    )
+        .into_response()
+}
+
+/// Records one request (log, counters, route sweep) and decides its fault; only authorized requests can
+/// be faulted. The returned guard counts the request as in flight.
+pub(crate) fn admit(
+    shared: &Arc<Shared>,
+    endpoint: Endpoint,
+    method: Method,
+    req: &Req,
+    body: Option<Value>,
+    authorized: bool,
+) -> (Option<FaultKind>, InFlight) {
+    let (uri, headers) = (&req.uri, &req.headers);
     let fault = {
         let mut state = lock(&shared.state);
         state.sweep_routes(Instant::now());
@@ -424,38 +494,11 @@ async fn begin(
     };
     let in_flight = InFlight::enter(shared, endpoint);
     shared.bump();
-    if !authorized {
-        return Err(error_body(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid bearer token",
-        ));
-    }
-    match fault {
-        Some(FaultKind::Status(code)) => {
-            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            Err(error_body(status, "injected fault"))
-        }
-        Some(FaultKind::Marker403) => Err((
-            StatusCode::FORBIDDEN,
-            format!("<html><body>Access denied ({TRANSIENT_403_MARKER})</body></html>"),
-        )
-            .into_response()),
-        Some(FaultKind::DelayMs(ms)) => {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            Ok(Call {
-                fault: None,
-                _in_flight: in_flight,
-            })
-        }
-        other => Ok(Call {
-            fault: other,
-            _in_flight: in_flight,
-        }),
-    }
+    (fault, in_flight)
 }
 
 /// Applies post-handling faults to a response.
-fn finish(call: &Call, response: Response) -> Response {
+pub(crate) fn finish(call: &Call, response: Response) -> Response {
     match call.fault {
         Some(FaultKind::Drop) => lost_response(),
         Some(FaultKind::NonJson) => (
@@ -469,7 +512,7 @@ fn finish(call: &Call, response: Response) -> Response {
 }
 
 /// A response whose body fails at once: the client has sent its request and gets no usable reply.
-fn lost_response() -> Response {
+pub(crate) fn lost_response() -> Response {
     let body = futures::stream::once(async {
         Err::<Bytes, std::io::Error>(std::io::Error::other("arena-sim dropped the connection"))
     });
@@ -480,7 +523,7 @@ fn lost_response() -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-fn parse_body(bytes: &Bytes) -> Option<Value> {
+pub(crate) fn parse_body(bytes: &Bytes) -> Option<Value> {
     if bytes.is_empty() {
         None
     } else {
@@ -694,6 +737,7 @@ async fn launch_one_task(
             return error_body(StatusCode::NOT_FOUND, "data_id is not in the stream's dataset");
         };
         let tags = row.tags.clone();
+        let task_family = crate::tasks::TaskFamily::from_tags(&tags).or(stream.def.task_family);
         let harness = request.harness.clone().or_else(|| {
             stream
                 .def
@@ -725,6 +769,7 @@ async fn launch_one_task(
             request: request.clone(),
             harness: harness.clone(),
             tags,
+            task_family,
             gateway_url,
             status: status_tx,
         };

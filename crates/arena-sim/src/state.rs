@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Value, json};
+use stream_config::LlmProtocol;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
@@ -43,6 +44,27 @@ pub struct Counters {
     pub gc_removals: u64,
     /// Routes registered right now.
     pub live_routes: usize,
+    /// LLM gateway traffic per caller protocol.
+    pub gateway: BTreeMap<LlmProtocol, GatewayCounters>,
+}
+
+/// What the LLM gateway did with the requests of one protocol.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GatewayCounters {
+    /// Requests received, faulted and refused ones included.
+    pub requests: u64,
+    /// Requests forwarded upstream (the upstream answered, with any status).
+    pub forwarded: u64,
+    /// Requests refused for a missing or wrong LLM key.
+    pub unauthorized: u64,
+    /// Requests refused because the body is not a JSON object with a `model`.
+    pub bad_requests: u64,
+    /// Requests for a model name that is not a registered route (never registered, deleted or collected).
+    pub unknown_model: u64,
+    /// Requests refused because the route's upstream does not serve the caller's protocol.
+    pub unsupported_protocol: u64,
+    /// Requests whose upstream could not be reached.
+    pub upstream_errors: u64,
 }
 
 impl Counters {
@@ -225,11 +247,22 @@ impl State {
             .routes
             .iter()
             .map(|r| {
+                let mut payload = json!({"model_name": r.model_name,
+                                         "metadata": {"deployment_id": r.deployment_id}});
+                if let Some(u) = &r.upstream {
+                    payload["endpoints"] = json!([{
+                        "endpoint_id": r.deployment_id,
+                        "upstream_model": u.upstream_model.as_deref().unwrap_or(&r.model_name),
+                        "base_url": u.base_url,
+                        "api_key": u.api_key,
+                        "inbound_protos": u.inbound_protos,
+                        "enabled": true,
+                    }]);
+                }
                 let info = RouteInfo {
                     model_name: r.model_name.clone(),
                     deployment_id: r.deployment_id.clone(),
-                    payload: json!({"model_name": r.model_name,
-                                    "metadata": {"deployment_id": r.deployment_id}}),
+                    payload,
                     registrations: 0,
                 };
                 (

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::fault::FaultRule;
 use crate::harness::ScriptedConfig;
+use crate::runner::RunnerDef;
+use crate::tasks::TaskFamily;
 use crate::{Error, Result};
 
 /// The whole simulated Arena.
@@ -39,6 +41,10 @@ pub struct World {
     /// What the scripted harness answers for each launched row.
     #[serde(default)]
     pub scripted: ScriptedConfig,
+    /// Harnesses that really run a task, by harness key (the part of `key@version` before `@`): an LLM
+    /// harness per protocol or an external command. Launches of other keys run the scripted harness.
+    #[serde(default)]
+    pub runners: BTreeMap<String, RunnerDef>,
     /// Faults to inject, checked in order; the first rule that fires wins.
     #[serde(default)]
     pub faults: Vec<FaultRule>,
@@ -78,6 +84,7 @@ impl Default for World {
             harnesses: Vec::new(),
             routes: Vec::new(),
             scripted: ScriptedConfig::default(),
+            runners: BTreeMap::new(),
             faults: Vec::new(),
             dataset_items: true,
             cancel_endpoint: CancelEndpoint::default(),
@@ -138,9 +145,14 @@ pub struct StreamDef {
     /// Rows with tags, in API order.
     #[serde(default)]
     pub rows: Vec<RowDef>,
-    /// Extra generated rows after `rows`, with ids `<stream_id>-row-<n>` and no tags.
+    /// Extra generated rows after `rows`, with ids `<stream_id>-row-<n>`, tagged `domain:<family>` when the
+    /// stream has a `task_family` and untagged otherwise.
     #[serde(default)]
     pub generated_rows: u64,
+    /// The task family its rows are, for harnesses that run tasks (a row's own `domain:max`/`domain:min` tag
+    /// wins).
+    #[serde(default)]
+    pub task_family: Option<TaskFamily>,
     /// Earlier tasks reported by `GET .../tasks`, newest first (launched tasks are listed before them).
     #[serde(default)]
     pub recent_tasks: Vec<TaskHistoryDef>,
@@ -160,6 +172,7 @@ impl StreamDef {
             default_reward_ref: None,
             rows: Vec::new(),
             generated_rows: 0,
+            task_family: None,
             recent_tasks: Vec::new(),
         }
     }
@@ -200,12 +213,32 @@ impl StreamDef {
         self
     }
 
+    /// Sets the task family of its rows.
+    pub fn family(mut self, family: TaskFamily) -> Self {
+        self.task_family = Some(family);
+        self
+    }
+
+    /// Adds a history task with these refs.
+    pub fn history(mut self, status: &str, harness: (&str, &str), reward: (&str, &str)) -> Self {
+        self.recent_tasks.push(TaskHistoryDef {
+            status: status.to_string(),
+            harness_ref: Some(RefDef::new(harness.0, harness.1)),
+            reward_ref: Some(RefDef::new(reward.0, reward.1)),
+        });
+        self
+    }
+
     /// Every row, in API order.
     pub fn all_rows(&self) -> Vec<RowDef> {
         let mut rows = self.rows.clone();
+        let tags = match self.task_family {
+            Some(f) => serde_json::json!([f.domain_tag()]),
+            None => empty_list(),
+        };
         rows.extend((0..self.generated_rows).map(|n| RowDef {
             data_id: format!("{}-row-{n}", self.stream_id),
-            tags: empty_list(),
+            tags: tags.clone(),
         }));
         rows
     }
@@ -266,6 +299,40 @@ pub struct RouteDef {
     /// The deployment id.
     #[serde(default)]
     pub deployment_id: String,
+    /// Where the gateway forwards requests for this model; without it the route cannot serve requests.
+    #[serde(default)]
+    pub upstream: Option<UpstreamDef>,
+}
+
+/// The upstream endpoint of a route declared in the world, as a registration's `endpoints[0]` would be.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamDef {
+    /// The upstream base URL (`http://host:port`, or ending in `/v1`).
+    pub base_url: String,
+    /// The key the gateway presents upstream.
+    pub api_key: String,
+    /// The model name sent upstream; defaults to the route's name.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// The protocols the upstream serves natively (`chat`, `anthropic`, `responses`).
+    #[serde(default = "chat_only")]
+    pub inbound_protos: Vec<String>,
+}
+
+impl std::fmt::Debug for UpstreamDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamDef")
+            .field("base_url", &self.base_url)
+            .field("api_key", &"<redacted>")
+            .field("upstream_model", &self.upstream_model)
+            .field("inbound_protos", &self.inbound_protos)
+            .finish()
+    }
+}
+
+fn chat_only() -> Vec<String> {
+    vec!["chat".to_string()]
 }
 
 impl World {
@@ -332,6 +399,20 @@ impl World {
         for (i, h) in self.harnesses.iter().enumerate() {
             if harnesses.insert((&h.key, &h.version), i).is_some() {
                 problems.push(format!("harnesses[{i}] {}@{} is not unique", h.key, h.version));
+            }
+        }
+        for (key, runner) in &self.runners {
+            problems.extend(runner.problems(&format!("runners.{key}")));
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if let Some(p) = r.upstream.as_ref().and_then(|u| {
+                u.inbound_protos
+                    .iter()
+                    .find(|p| !["chat", "anthropic", "responses"].contains(&p.as_str()))
+            }) {
+                problems.push(format!(
+                    "routes[{i}].upstream.inbound_protos has unknown {p:?}: expected chat, anthropic or responses"
+                ));
             }
         }
         for (i, f) in self.faults.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! The `arena-sim` binary serves a YAML world and prints its URL first.
+//! The `arena-sim` binary serves a YAML world or a preset and prints its URL first.
 
 use std::process::Stdio;
 
@@ -77,4 +77,28 @@ async fn a_bad_world_file_fails_with_one_message() {
         stderr.contains("invalid world") && stderr.contains("colour"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn the_binary_serves_the_quickstart_preset() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_arena-sim"))
+        .args(["--preset", "quickstart"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = lines.next_line().await.unwrap().expect("the base URL line");
+    let addr = url.strip_prefix("http://").expect("an http URL").to_string();
+    let (status, body) = request(
+        &addr,
+        "GET /openapi/v1/streams/sim-messages HTTP/1.1\r\nAuthorization: Bearer arena-sim-token",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let stream = &body["data"]["stream"];
+    assert_eq!(stream["default_harness_ref"]["key"], "claude-sim");
+    assert_eq!(stream["dataset_total"], arena_sim::QUICKSTART_ROWS);
+    child.kill().await.unwrap();
 }

@@ -1,6 +1,12 @@
-//! Integration tests of `arena-sim`: YAML worlds and the binary over a real socket.
+//! Integration tests of `arena-sim` over real sockets: YAML worlds and the binary, the LLM gateway, the
+//! harnesses that call a model or run a CLI, and the quickstart's world.
 //!
-//! The client side of the contract is tested at length in `arena-client`'s tests, which run against this sim.
+//! The control plane's contract is tested at length in `arena-client`'s tests, which run against this sim.
 
 mod binary;
+mod command;
+mod gateway;
+mod harnesses;
+mod preset;
+mod support;
 mod world;

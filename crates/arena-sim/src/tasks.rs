@@ -1,0 +1,418 @@
+//! The task family the sim's graders score: "largest (or smallest) digit under a key", with one tool.
+//!
+//! A row is a task instance generated deterministically from its `data_id`: a short key such as `q3` and the
+//! four digits stored under it. The prompt asks for the largest (family [`TaskFamily::Max`], tag `domain:max`)
+//! or smallest ([`TaskFamily::Min`], tag `domain:min`) digit under the key; the only tool is `lookup(key)`,
+//! which answers the digits (`4 9 1 7`). The model must call `lookup` with the right key and answer with one
+//! digit; the score is `max(0, 1 - |answer - target| / 4)`, and 0 without a valid lookup or a single-digit
+//! answer. Prompts and tool definitions are short because the quickstart's policy has a context of a few
+//! hundred tokens.
+//!
+//! This module is also the library API that a supervised warm-up uses to produce transcripts: the harnesses
+//! build every request from [`TaskInstance::messages`], [`TaskInstance::tools`], [`assistant_turn`] and
+//! [`tool_results`], so [`TaskInstance::transcript`] is exactly the conversation a harness sends.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use stream_config::LlmProtocol;
+
+/// The name of the one tool.
+pub const LOOKUP: &str = "lookup";
+
+/// How many digits are stored under a key.
+pub const DIGITS: usize = 4;
+
+/// A family of tasks: which digit the prompt asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskFamily {
+    /// The largest digit; rows carry `domain:max`.
+    Max,
+    /// The smallest digit; rows carry `domain:min`.
+    Min,
+}
+
+impl TaskFamily {
+    /// Every family.
+    pub const ALL: [TaskFamily; 2] = [Self::Max, Self::Min];
+
+    /// The family's label (`max`, `min`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Max => "max",
+            Self::Min => "min",
+        }
+    }
+
+    /// The dataset tag of its rows (`domain:max`).
+    pub fn domain_tag(self) -> String {
+        format!("domain:{}", self.as_str())
+    }
+
+    /// The family named by a row's `domain:` tag, if any (the first `domain:` tag that names one wins).
+    pub fn from_tags(tags: &Value) -> Option<Self> {
+        tags.as_array()?
+            .iter()
+            .filter_map(Value::as_str)
+            .filter_map(|t| t.strip_prefix("domain:"))
+            .find_map(|d| Self::ALL.into_iter().find(|f| f.as_str() == d.trim()))
+    }
+}
+
+impl fmt::Display for TaskFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One tool call as the model made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id the model's protocol gave it (`toolu_...`, `call_...`); empty where there is none.
+    #[serde(default)]
+    pub id: String,
+    /// The tool name.
+    pub name: String,
+    /// The arguments: the parsed JSON object, or the raw text as a JSON string when it does not parse.
+    pub arguments: Value,
+}
+
+impl ToolCall {
+    /// A call whose arguments arrive as JSON text (Chat Completions, Responses, Anthropic's streamed input).
+    pub fn from_text(id: impl Into<String>, name: impl Into<String>, arguments: &str) -> Self {
+        let arguments = if arguments.trim().is_empty() {
+            json!({})
+        } else {
+            serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()))
+        };
+        Self {
+            id: id.into(),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    /// The arguments as compact JSON text, as Chat Completions and Responses carry them.
+    pub fn arguments_text(&self) -> String {
+        match &self.arguments {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// What a tool answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The text the model reads.
+    pub content: String,
+    /// Whether the call was wrong (unknown tool, missing key); the text then says why.
+    pub is_error: bool,
+}
+
+/// The grader's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Grade {
+    /// The score in [0, 1].
+    pub score: f64,
+    /// Whether some `lookup` call named the task's key.
+    pub lookup_ok: bool,
+    /// The single digit the final answer gave, if it was one.
+    pub answer: Option<u8>,
+    /// The right answer.
+    pub target: u8,
+}
+
+/// One task: a key and the digits under it, and which digit is asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskInstance {
+    /// The family.
+    pub family: TaskFamily,
+    /// The row it was generated from.
+    pub data_id: String,
+    /// The key the prompt names (a letter and a digit, e.g. `q3`).
+    pub key: String,
+    /// The digits stored under the key.
+    pub digits: [u8; DIGITS],
+}
+
+impl TaskInstance {
+    /// The instance of a row: the same `data_id` always gives the same key and digits, on every machine.
+    pub fn from_data_id(family: TaskFamily, data_id: &str) -> Self {
+        let mut rng = SplitMix(fnv1a(data_id.as_bytes()));
+        let letter = char::from(b'a' + (rng.next() % 26) as u8);
+        let key = format!("{letter}{}", rng.next() % 10);
+        let mut digits = [0u8; DIGITS];
+        for d in &mut digits {
+            *d = (rng.next() % 10) as u8;
+        }
+        Self {
+            family,
+            data_id: data_id.to_string(),
+            key,
+            digits,
+        }
+    }
+
+    /// The digit the prompt asks for.
+    pub fn target(&self) -> u8 {
+        let digits = self.digits.iter().copied();
+        match self.family {
+            TaskFamily::Max => digits.max(),
+            TaskFamily::Min => digits.min(),
+        }
+        .unwrap_or(0)
+    }
+
+    /// The task prompt, e.g. `largest digit under key q3?`.
+    pub fn prompt(&self) -> String {
+        let which = match self.family {
+            TaskFamily::Max => "largest",
+            TaskFamily::Min => "smallest",
+        };
+        format!("{which} digit under key {}?", self.key)
+    }
+
+    /// The digits as the tool answers them (`4 9 1 7`).
+    pub fn digits_text(&self) -> String {
+        self.digits
+            .iter()
+            .map(u8::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The tool definitions in one protocol's shape (Anthropic `input_schema`, Responses' flat functions,
+    /// Chat Completions' nested functions).
+    pub fn tools(protocol: LlmProtocol) -> Value {
+        let parameters = json!({
+            "type": "object",
+            "properties": {"key": {"type": "string"}},
+            "required": ["key"],
+        });
+        let description = "digits under a key";
+        match protocol {
+            LlmProtocol::Anthropic => {
+                json!([{"name": LOOKUP, "description": description, "input_schema": parameters}])
+            }
+            LlmProtocol::Responses => json!([{
+                "type": "function", "name": LOOKUP, "description": description, "parameters": parameters,
+            }]),
+            LlmProtocol::ChatCompletions => json!([{
+                "type": "function",
+                "function": {"name": LOOKUP, "description": description, "parameters": parameters},
+            }]),
+        }
+    }
+
+    /// The conversation a harness opens with, in one protocol's shape: one user message with the prompt
+    /// (Anthropic `messages`, Responses `input`, Chat Completions `messages`). There is no system prompt.
+    pub fn messages(&self, protocol: LlmProtocol) -> Vec<Value> {
+        let prompt = self.prompt();
+        match protocol {
+            LlmProtocol::Anthropic | LlmProtocol::ChatCompletions => {
+                vec![json!({"role": "user", "content": prompt})]
+            }
+            LlmProtocol::Responses => vec![json!({"type": "message", "role": "user", "content": prompt})],
+        }
+    }
+
+    /// What the tool answers to one call; never fails, wrong calls get an error text the model can read.
+    pub fn tool_result(&self, call: &ToolCall) -> ToolResult {
+        if call.name != LOOKUP {
+            return ToolResult {
+                content: format!("unknown tool {}", call.name),
+                is_error: true,
+            };
+        }
+        match lookup_key(&call.arguments) {
+            None => ToolResult {
+                content: "key is required".to_string(),
+                is_error: true,
+            },
+            Some(key) if key == self.key => ToolResult {
+                content: self.digits_text(),
+                is_error: false,
+            },
+            Some(key) => ToolResult {
+                content: format!("no key {key}"),
+                is_error: true,
+            },
+        }
+    }
+
+    /// Grades a run: 0 without a `lookup` of the right key or without a single-digit final answer (surrounding
+    /// whitespace allowed), else `max(0, 1 - |answer - target| / 4)`.
+    pub fn grade(&self, final_answer: Option<&str>, tool_calls: &[ToolCall]) -> Grade {
+        let lookup_ok = tool_calls
+            .iter()
+            .any(|c| c.name == LOOKUP && lookup_key(&c.arguments).as_deref() == Some(self.key.as_str()));
+        let answer = final_answer.and_then(single_digit);
+        let target = self.target();
+        let score = match answer {
+            Some(a) if lookup_ok => {
+                let distance = f64::from(a.abs_diff(target));
+                (1.0 - distance / 4.0).max(0.0)
+            }
+            _ => 0.0,
+        };
+        Grade {
+            score,
+            lookup_ok,
+            answer,
+            target,
+        }
+    }
+
+    /// The full conversation of a perfect run in one protocol's shape, built by the same functions the
+    /// harness uses: the opening messages, the assistant's `lookup` call, the tool's result, and the
+    /// assistant's final answer (the target digit). Chat Completions' tool call id is `call_0`, Anthropic's
+    /// `toolu_0`, Responses' `call_0`; chat templates normally do not render them.
+    pub fn transcript(&self, protocol: LlmProtocol) -> Vec<Value> {
+        let id = match protocol {
+            LlmProtocol::Anthropic => "toolu_0",
+            LlmProtocol::Responses | LlmProtocol::ChatCompletions => "call_0",
+        };
+        let call = ToolCall {
+            id: id.to_string(),
+            name: LOOKUP.to_string(),
+            arguments: json!({"key": self.key}),
+        };
+        let result = self.tool_result(&call);
+        let mut messages = self.messages(protocol);
+        messages.extend(assistant_turn(protocol, "", std::slice::from_ref(&call)));
+        messages.extend(tool_results(protocol, &[(call, result)]));
+        messages.extend(assistant_turn(protocol, &self.target().to_string(), &[]));
+        messages
+    }
+}
+
+/// The messages (or Responses input items) that record one assistant turn: its text and its tool calls.
+///
+/// Anthropic: one assistant message with a `text` block (if any text) and `tool_use` blocks. Chat
+/// Completions: one assistant message with `content` (null when empty and there are tool calls) and
+/// `tool_calls`. Responses: an assistant `message` item (if any text) and one `function_call` item per call.
+pub fn assistant_turn(protocol: LlmProtocol, text: &str, calls: &[ToolCall]) -> Vec<Value> {
+    match protocol {
+        LlmProtocol::Anthropic => {
+            let mut content = Vec::new();
+            if !text.is_empty() {
+                content.push(json!({"type": "text", "text": text}));
+            }
+            content.extend(calls.iter().map(|c| {
+                let input = match &c.arguments {
+                    Value::Object(_) => c.arguments.clone(),
+                    _ => json!({}),
+                };
+                json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input})
+            }));
+            vec![json!({"role": "assistant", "content": content})]
+        }
+        LlmProtocol::ChatCompletions => {
+            let content = if text.is_empty() && !calls.is_empty() {
+                Value::Null
+            } else {
+                Value::String(text.to_string())
+            };
+            let mut message = json!({"role": "assistant", "content": content});
+            if !calls.is_empty() {
+                message["tool_calls"] = calls
+                    .iter()
+                    .map(|c| {
+                        json!({
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments_text()},
+                        })
+                    })
+                    .collect();
+            }
+            vec![message]
+        }
+        LlmProtocol::Responses => {
+            let mut items = Vec::new();
+            if !text.is_empty() {
+                items.push(json!({
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text}],
+                }));
+            }
+            items.extend(calls.iter().map(|c| {
+                json!({
+                    "type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.arguments_text(),
+                })
+            }));
+            items
+        }
+    }
+}
+
+/// The messages (or input items) that carry tool results back: Anthropic one user message of `tool_result`
+/// blocks (with `is_error` on wrong calls), Chat Completions one `tool` message per call, Responses one
+/// `function_call_output` item per call.
+pub fn tool_results(protocol: LlmProtocol, results: &[(ToolCall, ToolResult)]) -> Vec<Value> {
+    match protocol {
+        LlmProtocol::Anthropic => {
+            let blocks: Vec<Value> = results
+                .iter()
+                .map(|(call, r)| {
+                    let mut block =
+                        json!({"type": "tool_result", "tool_use_id": call.id, "content": r.content});
+                    if r.is_error {
+                        block["is_error"] = json!(true);
+                    }
+                    block
+                })
+                .collect();
+            vec![json!({"role": "user", "content": blocks})]
+        }
+        LlmProtocol::ChatCompletions => results
+            .iter()
+            .map(|(call, r)| json!({"role": "tool", "tool_call_id": call.id, "content": r.content}))
+            .collect(),
+        LlmProtocol::Responses => results
+            .iter()
+            .map(|(call, r)| json!({"type": "function_call_output", "call_id": call.id, "output": r.content}))
+            .collect(),
+    }
+}
+
+/// The `key` argument of a lookup call, trimmed.
+fn lookup_key(arguments: &Value) -> Option<String> {
+    let key = arguments.get("key")?.as_str()?.trim();
+    (!key.is_empty()).then(|| key.to_string())
+}
+
+/// The answer when it is exactly one ASCII digit, surrounding whitespace aside.
+fn single_digit(answer: &str) -> Option<u8> {
+    match answer.trim().as_bytes() {
+        [d] if d.is_ascii_digit() => Some(d - b'0'),
+        _ => None,
+    }
+}
+
+/// FNV-1a, 64 bits: a stable hash (std's hasher may change between Rust releases).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// SplitMix64: small, seedable and the same everywhere.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests;

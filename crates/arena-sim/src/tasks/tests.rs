@@ -1,0 +1,118 @@
+//! Tests of the task family: determinism, prompts, the tool, the grader and the canonical transcripts.
+
+use serde_json::json;
+
+use super::*;
+
+fn instance(family: TaskFamily) -> TaskInstance {
+    TaskInstance {
+        family,
+        data_id: "row".to_string(),
+        key: "q3".to_string(),
+        digits: [4, 9, 1, 7],
+    }
+}
+
+fn lookup(key: &str) -> ToolCall {
+    ToolCall::from_text("c1", LOOKUP, &format!("{{\"key\": \"{key}\"}}"))
+}
+
+#[test]
+fn instances_are_deterministic_and_stable() {
+    let a = TaskInstance::from_data_id(TaskFamily::Max, "sim-messages-row-7");
+    let b = TaskInstance::from_data_id(TaskFamily::Max, "sim-messages-row-7");
+    assert_eq!(a, b);
+    // Pinned so that a change of the generator (which would change every dataset) is noticed.
+    assert_eq!((a.key.as_str(), a.digits), ("d5", [3, 8, 8, 7]));
+    let keys: std::collections::BTreeSet<String> = (0..200)
+        .map(|n| TaskInstance::from_data_id(TaskFamily::Min, &format!("r{n}")).key)
+        .collect();
+    assert!(keys.len() > 100, "keys vary across rows: {}", keys.len());
+    assert!(keys.iter().all(|k| k.len() == 2), "{keys:?}");
+}
+
+#[test]
+fn prompts_are_short_and_name_the_key() {
+    assert_eq!(instance(TaskFamily::Max).prompt(), "largest digit under key q3?");
+    assert_eq!(instance(TaskFamily::Min).prompt(), "smallest digit under key q3?");
+    assert_eq!(instance(TaskFamily::Max).target(), 9);
+    assert_eq!(instance(TaskFamily::Min).target(), 1);
+}
+
+#[test]
+fn families_come_from_domain_tags() {
+    let check = |tags: serde_json::Value, want: Option<TaskFamily>| {
+        assert_eq!(TaskFamily::from_tags(&tags), want, "{tags}");
+    };
+    check(json!(["domain:max"]), Some(TaskFamily::Max));
+    check(json!(["lang:en", "domain:min"]), Some(TaskFamily::Min));
+    check(json!(["domain:swe", "domain:max"]), Some(TaskFamily::Max));
+    check(json!(["domain:swe"]), None);
+    check(json!({"domain": "max"}), None);
+    assert_eq!(TaskFamily::Min.domain_tag(), "domain:min");
+}
+
+#[test]
+fn the_tool_answers_the_right_key_only() {
+    let task = instance(TaskFamily::Max);
+    let check = |call: ToolCall, content: &str, is_error: bool| {
+        let r = task.tool_result(&call);
+        assert_eq!((r.content.as_str(), r.is_error), (content, is_error), "{call:?}");
+    };
+    check(lookup("q3"), "4 9 1 7", false);
+    check(lookup(" q3 "), "4 9 1 7", false);
+    check(lookup("q4"), "no key q4", true);
+    check(ToolCall::from_text("c", LOOKUP, ""), "key is required", true);
+    check(
+        ToolCall::from_text("c", LOOKUP, "{\"key\": 3}"),
+        "key is required",
+        true,
+    );
+    check(
+        ToolCall::from_text("c", LOOKUP, "not json"),
+        "key is required",
+        true,
+    );
+    check(ToolCall::from_text("c", "bash", "{}"), "unknown tool bash", true);
+}
+
+#[test]
+fn the_grader_gives_partial_credit() {
+    let max = instance(TaskFamily::Max);
+    let min = instance(TaskFamily::Min);
+    let check = |task: &TaskInstance, answer: Option<&str>, calls: &[ToolCall], score: f64| {
+        let g = task.grade(answer, calls);
+        assert!((g.score - score).abs() < 1e-12, "{answer:?} {calls:?}: {g:?}");
+    };
+    let right = [lookup("q3")];
+    check(&max, Some("9"), &right, 1.0);
+    check(&max, Some(" 9\n"), &right, 1.0);
+    check(&max, Some("8"), &right, 0.75);
+    check(&max, Some("7"), &right, 0.5);
+    check(&max, Some("5"), &right, 0.0);
+    check(&max, Some("0"), &right, 0.0);
+    check(&min, Some("1"), &right, 1.0);
+    check(&min, Some("3"), &right, 0.5);
+    // No valid lookup, or no single digit: nothing.
+    check(&max, Some("9"), &[], 0.0);
+    check(&max, Some("9"), &[lookup("q4")], 0.0);
+    check(&max, Some("9"), &[lookup("q4"), lookup("q3")], 1.0);
+    check(&max, Some("99"), &right, 0.0);
+    check(&max, Some("9."), &right, 0.0);
+    check(&max, Some("nine"), &right, 0.0);
+    check(&max, None, &right, 0.0);
+    let g = max.grade(Some("8"), &right);
+    assert_eq!((g.lookup_ok, g.answer, g.target), (true, Some(8), 9));
+}
+
+#[test]
+fn transcripts_are_what_a_perfect_run_sends() {
+    let task = instance(TaskFamily::Max);
+    insta::assert_json_snapshot!("transcript_chat", task.transcript(LlmProtocol::ChatCompletions));
+    insta::assert_json_snapshot!("transcript_anthropic", task.transcript(LlmProtocol::Anthropic));
+    insta::assert_json_snapshot!("transcript_responses", task.transcript(LlmProtocol::Responses));
+    insta::assert_json_snapshot!(
+        "tools",
+        LlmProtocol::ALL.map(|p| (p.as_str(), TaskInstance::tools(p)))
+    );
+}
