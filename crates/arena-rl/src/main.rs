@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod cmd {
+    pub(crate) mod model;
     pub(crate) mod preflight;
     pub(crate) mod proxy;
     pub(crate) mod quickstart;
@@ -35,6 +36,9 @@ enum Command {
     Quickstart(cmd::quickstart::Args),
     /// Check Arena Streams against the live Arena before a run is submitted, and write preflight.json.
     Preflight(cmd::preflight::Args),
+    /// Run a Hugging Face checkpoint with the trainer's policy: score token ids, or answer a prompt.
+    #[command(subcommand)]
+    Model(cmd::model::Command),
     /// Run the rollout proxy with a fake engine or in front of an SGLang server.
     Proxy(cmd::proxy::Args),
     /// Inspect Arena Stream definitions.
@@ -44,6 +48,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
+        Command::Model(command) => cmd::model::run(command),
         Command::Preflight(args) => cmd::preflight::run(args),
         Command::Proxy(args) => cmd::proxy::run(args),
         Command::Quickstart(args) => cmd::quickstart::run(args),

@@ -34,7 +34,7 @@ impl<B: Backend> HfLinear<B> {
         let rows: usize = dims[..D - 1].iter().product();
         let w = self.weight.val();
         let out_features = w.dims()[0];
-        let y = x.reshape([rows, dims[D - 1]]).matmul(w.transpose());
+        let y = project(x.reshape([rows, dims[D - 1]]), w);
         let y = match &self.bias {
             Some(b) => y + b.val().unsqueeze_dim(0),
             None => y,
@@ -42,6 +42,13 @@ impl<B: Backend> HfLinear<B> {
         dims[D - 1] = out_features;
         y.reshape(dims)
     }
+}
+
+/// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`, computed as `(W x^T)^T`: burn-ndarray's matmul copies a
+/// right-hand side that is not in standard layout, and copying the small activation is far cheaper than
+/// copying the weight matrix on every call.
+fn project<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    w.matmul(x.transpose()).transpose()
 }
 
 /// Root-mean-square normalisation over the last dimension, with a learned scale.
@@ -241,8 +248,12 @@ impl<B: Backend> Attention<B> {
                 let cap = kv.k.dims()[2];
                 debug_assert!(col + len <= cap, "cache too small");
                 let ranges = [0..batch, 0..nkv, col..col + len, 0..d];
-                kv.k = kv.k.clone().slice_assign(ranges.clone(), k);
-                kv.v = kv.v.clone().slice_assign(ranges, v);
+                // Move the cache tensors out so they are uniquely owned and the write happens in place.
+                let placeholder = || Tensor::empty([0, 0, 0, 0], &k.device());
+                let old_k = std::mem::replace(&mut kv.k, placeholder());
+                let old_v = std::mem::replace(&mut kv.v, placeholder());
+                kv.k = old_k.slice_assign(ranges.clone(), k);
+                kv.v = old_v.slice_assign(ranges, v);
                 let keep = [0..batch, 0..nkv, 0..col + len, 0..d];
                 (kv.k.clone().slice(keep.clone()), kv.v.clone().slice(keep))
             }
@@ -336,10 +347,7 @@ impl<B: Backend> CausalLm<B> {
                 let w = self.model.embed_tokens.weight.val();
                 let [batch, len, h] = hidden.dims();
                 let vocab = w.dims()[0];
-                hidden
-                    .reshape([batch * len, h])
-                    .matmul(w.transpose())
-                    .reshape([batch, len, vocab])
+                project(hidden.reshape([batch * len, h]), w).reshape([batch, len, vocab])
             }
         }
     }

@@ -268,7 +268,21 @@ impl Policy {
     }
 
     /// Per-position logits of `input_ids` under the current weights (run between decoding steps).
+    /// Blocks the thread; from async code use [`Policy::score_async`].
     pub fn score(&self, input_ids: &[u32]) -> Result<Logits> {
+        self.send_score(input_ids)?
+            .blocking_recv()
+            .map_err(|_| Error::EngineStopped)?
+    }
+
+    /// [`Policy::score`] without blocking the thread.
+    pub async fn score_async(&self, input_ids: &[u32]) -> Result<Logits> {
+        self.send_score(input_ids)?
+            .await
+            .map_err(|_| Error::EngineStopped)?
+    }
+
+    fn send_score(&self, input_ids: &[u32]) -> Result<oneshot::Receiver<Result<Logits>>> {
         if input_ids.is_empty() {
             return Err(Error::Request("input_ids is empty".to_string()));
         }
@@ -278,9 +292,16 @@ impl Policy {
                 self.config.vocab_size
             )));
         }
+        if input_ids.len() > self.config.max_position_embeddings {
+            return Err(Error::Request(format!(
+                "{} tokens exceed max_position_embeddings {}",
+                input_ids.len(),
+                self.config.max_position_embeddings
+            )));
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Score(input_ids.to_vec(), reply))?;
-        rx.blocking_recv().map_err(|_| Error::EngineStopped)?
+        Ok(rx)
     }
 
     /// The version of the weights new tokens are sampled with.

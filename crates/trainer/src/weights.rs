@@ -503,6 +503,33 @@ impl ModelFolder {
     }
 }
 
+impl ModelFolder {
+    /// Copies the tokenizer, chat template and generation config into `dest`, so a checkpoint written there
+    /// is a complete folder for transformers, SGLang and the proxy.
+    pub fn copy_tokenizer_files(&self, dest: &Path) -> Result<()> {
+        std::fs::create_dir_all(dest).map_err(|e| Error::io("creating", dest, e))?;
+        let files = [
+            &self.tokenizer_json,
+            &self.tokenizer_config,
+            &self.chat_template,
+            &self.generation_config,
+        ];
+        for src in files.into_iter().flatten() {
+            let name = src.file_name().expect("found by file name");
+            let to = dest.join(name);
+            std::fs::copy(src, &to).map_err(|e| Error::io("copying", &to, e))?;
+        }
+        for extra in ["special_tokens_map.json", "vocab.json", "merges.txt"] {
+            let src = self.dir.join(extra);
+            if src.exists() {
+                let to = dest.join(extra);
+                std::fs::copy(&src, &to).map_err(|e| Error::io("copying", &to, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Writes a complete Hugging Face folder: `config.json`, `generation_config.json` and the weights.
 /// Tokenizer files are the caller's to copy (see [`ModelFolder`]).
 pub fn save_pretrained(

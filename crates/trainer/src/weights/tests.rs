@@ -169,4 +169,14 @@ fn save_pretrained_writes_a_folder_that_opens_again() {
     assert!(folder.generation_config.is_some());
     assert!(folder.tokenizer_json.is_none());
     assert_eq!(Weights::load_dir(dir.path()).expect("load").len(), w.len());
+    // Tokenizer files travel with a checkpoint.
+    std::fs::write(dir.path().join("tokenizer.json"), "{}").expect("write");
+    std::fs::write(dir.path().join("chat_template.jinja"), "{{ messages }}").expect("write");
+    let folder = ModelFolder::open(dir.path()).expect("open");
+    let dest = tempfile::tempdir().expect("tempdir");
+    folder.copy_tokenizer_files(dest.path()).expect("copy");
+    for name in ["tokenizer.json", "chat_template.jinja", "generation_config.json"] {
+        assert!(dest.path().join(name).exists(), "{name} not copied");
+    }
+    assert!(!dest.path().join("tokenizer_config.json").exists());
 }

@@ -289,3 +289,29 @@ fn bad_requests_are_refused_up_front() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handle_is_usable_from_async_code() -> Result<()> {
+    let c = config();
+    let policy = policy(9)?;
+    let mut stream = policy.submit(request(&[5, 6, 7], SamplingParams::greedy(), 6))?;
+    let mut tokens = Vec::new();
+    while let Some(event) = stream.recv().await {
+        match event {
+            GenerationEvent::Token { token_id, .. } => tokens.push(token_id),
+            GenerationEvent::Finished {
+                reason,
+                completion_tokens,
+                ..
+            } => {
+                assert_eq!(reason, FinishReason::Length);
+                assert_eq!(completion_tokens, 6);
+            }
+        }
+    }
+    assert_eq!(tokens.len(), 6);
+    let logits = policy.score_async(&[5, 6, 7]).await?;
+    assert_eq!((logits.len, logits.vocab), (3, c.vocab_size));
+    assert_eq!(policy.swap_weights(weights(&c, 10), 3)?.installed().await?, 3);
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! Generation speed of `trainer`'s policy against transformers on the CPU, same tiny model, same run.
+//!
+//! Three workloads, greedy and without early stops: decoding at batch 1 and at batch 16 (16-token prompts,
+//! 64 new tokens each; generated tokens per second) and prefill (one 512-token prompt and one new token;
+//! prompt tokens per second).
+//! transformers runs them through `crates/trainer/python/bench_generate.py` in the `ARENA_RL_PY_TORCH` venv
+//! (`cargo xtask fixtures` prepares it), workload by workload between burn's measurements; the bench ends
+//! with a table of both rates and their ratio (burn over transformers; above 1 means burn is faster).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use criterion::{Criterion, Throughput};
+use trainer::backend::Cpu;
+use trainer::model::CausalLm;
+use trainer::{
+    Architecture, GenerationRequest, ModelConfig, Policy, PolicyOptions, SamplingParams, SaveDtype, Weights,
+    save_pretrained,
+};
+
+struct Workload {
+    name: &'static str,
+    batch: usize,
+    prompt_len: usize,
+    new_tokens: usize,
+}
+
+const WORKLOADS: [Workload; 3] = [
+    Workload {
+        name: "decode_b1",
+        batch: 1,
+        prompt_len: 16,
+        new_tokens: 64,
+    },
+    Workload {
+        name: "decode_b16",
+        batch: 16,
+        prompt_len: 16,
+        new_tokens: 64,
+    },
+    Workload {
+        name: "prefill_512",
+        batch: 1,
+        prompt_len: 512,
+        new_tokens: 1,
+    },
+];
+
+impl Workload {
+    /// The tokens the rate counts: generated ones when decoding, prompt ones for prefill.
+    fn tokens(&self) -> usize {
+        self.batch
+            * if self.new_tokens > 1 {
+                self.new_tokens
+            } else {
+                self.prompt_len
+            }
+    }
+
+    fn prompts(&self, vocab: usize) -> Vec<Vec<u32>> {
+        (0..self.batch)
+            .map(|b| {
+                (0..self.prompt_len)
+                    .map(|t| ((7 * b + 13 * t + 1) % vocab) as u32)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The quickstart-sized model: about 4M parameters.
+fn config() -> ModelConfig {
+    let mut c = ModelConfig::new(Architecture::Llama, 4096, 256, 768, 4, 8, 4);
+    c.tie_word_embeddings = true;
+    c.max_position_embeddings = 2048;
+    c
+}
+
+fn generate(policy: &Policy, prompts: &[Vec<u32>], new_tokens: usize) {
+    let streams: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            policy
+                .submit(GenerationRequest {
+                    input_ids: p.clone(),
+                    sampling: SamplingParams::greedy(),
+                    stop_token_ids: vec![],
+                    max_new_tokens: new_tokens,
+                })
+                .expect("valid request")
+        })
+        .collect();
+    for s in streams {
+        let out = s.collect_blocking().expect("engine alive");
+        assert_eq!(out.token_ids.len(), new_tokens);
+    }
+}
+
+/// transformers, running in a Python process that measures one workload per request.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn start(dir: &Path) -> Result<Self> {
+        let python = std::env::var_os("ARENA_RL_PY_TORCH").context(
+            "ARENA_RL_PY_TORCH is not set: run `eval \"$(cargo xtask fixtures)\"` before this bench",
+        )?;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/trainer/python/bench_generate.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(dir)
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the transformers bench")?;
+        let stdin = child.stdin.take().context("piped stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("piped stdout")?);
+        Ok(Self { child, stdin, stdout })
+    }
+
+    /// Tokens per second and torch's thread count for one workload.
+    fn measure(&mut self, w: &Workload, repeats: usize) -> Result<(f64, u64)> {
+        let request = serde_json::json!({"name": w.name, "batch": w.batch, "prompt_len": w.prompt_len,
+            "new_tokens": w.new_tokens, "repeats": repeats});
+        writeln!(self.stdin, "{request}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("the transformers bench exited early ({:?})", self.child.wait()?);
+        }
+        let answer: serde_json::Value = serde_json::from_str(&line)?;
+        Ok((
+            answer["tokens_per_second"]
+                .as_f64()
+                .context("tokens_per_second")?,
+            answer["torch_threads"].as_u64().unwrap_or(0),
+        ))
+    }
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let config = config();
+    let model = CausalLm::<Cpu>::init(&config, 0.2, 1, &Default::default());
+    let weights = Weights::from_model(&model);
+    save_pretrained(tmp.path(), &config, &weights, SaveDtype::F32, None)?;
+    let policy = Policy::from_weights(config.clone(), &weights, PolicyOptions::default())?;
+
+    let mut peer = Peer::start(tmp.path())?;
+    let mut criterion = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(6))
+        .configure_from_args();
+    let mut group = criterion.benchmark_group("trainer_generate");
+    let mut rows = Vec::new();
+    let mut threads = 0;
+    for w in &WORKLOADS {
+        // transformers first, then burn, workload by workload, so both see the same machine load.
+        let (theirs, t) = peer.measure(w, 5)?;
+        threads = t;
+        let prompts = w.prompts(config.vocab_size);
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        group.throughput(Throughput::Elements(w.tokens() as u64));
+        let recorded = samples.clone();
+        group.bench_function(w.name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    generate(&policy, &prompts, w.new_tokens);
+                }
+                let elapsed = start.elapsed();
+                recorded
+                    .lock()
+                    .expect("not poisoned")
+                    .push(elapsed / iters as u32);
+                elapsed
+            })
+        });
+        let per_run = median(samples.lock().expect("not poisoned").clone());
+        rows.push((w.name, w.tokens() as f64 / per_run.as_secs_f64(), theirs));
+    }
+    group.finish();
+    drop(peer);
+    criterion.final_summary();
+
+    println!("\ntrainer_generate: burn (ndarray) against transformers ({threads} torch threads), CPU");
+    println!(
+        "{:<14}{:>14}{:>16}{:>10}",
+        "workload", "burn tok/s", "torch tok/s", "ratio"
+    );
+    for (name, ours, theirs) in rows {
+        println!("{name:<14}{ours:>14.1}{theirs:>16.1}{:>10.2}", ours / theirs);
+    }
+    Ok(())
+}

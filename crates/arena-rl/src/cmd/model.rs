@@ -1,0 +1,176 @@
+//! `arena-rl model`: run a Hugging Face checkpoint with the trainer's policy from the shell.
+//!
+//! `score` writes per-position logits as a float32 `.npy`; `generate` renders a prompt as one user turn with
+//! the model's chat template (rollout-proxy's renderer and tokenizer) and prints the answer as it is sampled.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args as ClapArgs, Subcommand};
+use rollout_proxy::model::ChatModel;
+use rollout_proxy::template::RenderOptions;
+use rollout_proxy::tokenizer::IncrementalDecoder;
+use trainer::{GenerationEvent, GenerationRequest, Policy, PolicyOptions, SamplingParams};
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Write the per-position logits of a token sequence (float32 .npy, shape [len, vocab]).
+    Score(ScoreArgs),
+    /// Answer a prompt, rendered as one user turn with the model's chat template.
+    Generate(GenerateArgs),
+}
+
+#[derive(ClapArgs)]
+pub(crate) struct ScoreArgs {
+    /// Hugging Face model folder (config.json and safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_name = "IDS")]
+    input_ids: String,
+    /// Where to write the logits.
+    #[arg(long, default_value = "logits.npy")]
+    output: PathBuf,
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with trainer's `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+#[derive(ClapArgs)]
+pub(crate) struct GenerateArgs {
+    /// Hugging Face model folder (config, safetensors, tokenizer.json and a chat template).
+    #[arg(long)]
+    model: PathBuf,
+    /// The user's message.
+    #[arg(long)]
+    prompt: String,
+    /// At most this many new tokens.
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Seed for sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+pub(crate) fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Score(args) => score(args),
+        Command::Generate(args) => generate(args),
+    }
+}
+
+fn options(device: &str) -> Result<PolicyOptions> {
+    Ok(PolicyOptions {
+        device: device.parse()?,
+        ..PolicyOptions::default()
+    })
+}
+
+fn parse_ids(text: &str) -> Result<Vec<u32>> {
+    let ids = text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>()
+                .with_context(|| format!("--input-ids: `{s}` is not a token id"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if ids.is_empty() {
+        bail!("--input-ids is empty");
+    }
+    Ok(ids)
+}
+
+fn score(args: ScoreArgs) -> Result<()> {
+    let ids = parse_ids(&args.input_ids)?;
+    let policy = Policy::load(&args.model, options(&args.device)?)
+        .with_context(|| format!("loading model {}", args.model.display()))?;
+    let logits = policy.score(&ids)?;
+    write_npy(&args.output, &[logits.len, logits.vocab], &logits.data)?;
+    println!(
+        "wrote logits [{}, {}] to {}",
+        logits.len,
+        logits.vocab,
+        args.output.display()
+    );
+    Ok(())
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let chat = ChatModel::from_dir(&args.model)
+        .with_context(|| format!("loading tokenizer and chat template of {}", args.model.display()))?;
+    let messages = [serde_json::json!({"role": "user", "content": args.prompt})];
+    let text = chat.template.render(
+        &messages,
+        RenderOptions {
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        },
+    )?;
+    let input_ids = chat.tokenizer.encode(&text)?;
+    let policy = Policy::load(&args.model, options(&args.device)?)
+        .with_context(|| format!("loading model {}", args.model.display()))?;
+    let mut stream = policy.submit(GenerationRequest {
+        input_ids,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        stop_token_ids: chat.stop_token_ids.clone(),
+        max_new_tokens: args.max_new_tokens,
+    })?;
+    let mut decoder = IncrementalDecoder::new();
+    let mut out = std::io::stdout().lock();
+    while let Some(event) = stream.blocking_recv() {
+        match event {
+            GenerationEvent::Token { token_id, .. } => {
+                if chat.stop_token_ids.contains(&token_id) {
+                    continue;
+                }
+                if let Some(piece) = decoder.push(&chat.tokenizer, token_id)? {
+                    out.write_all(piece.as_bytes())?;
+                    out.flush()?;
+                }
+            }
+            GenerationEvent::Finished { .. } => {
+                let rest = decoder.finish(&chat.tokenizer)?;
+                writeln!(out, "{rest}")?;
+                return Ok(());
+            }
+        }
+    }
+    bail!("the inference engine stopped before the answer finished")
+}
+
+/// Writes a little-endian float32 array in NumPy's `.npy` format (version 1.0).
+fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic (6) + version (2) + length (2) + header + newline must be a multiple of 64.
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    header.push('\n');
+    let mut bytes = Vec::with_capacity(10 + header.len() + data.len() * 4);
+    bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
+    let len = u16::try_from(header.len()).context("npy header too long")?;
+    bytes.extend_from_slice(&len.to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for x in data {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
