@@ -51,8 +51,9 @@ pub use load::{ENV_PREFIX, REFERENCE_ENV_VARS, load_run_config, load_run_config_
 pub use projection::{Projection, project_streams, render_streams_yaml};
 pub use redact::{REDACTED, is_sensitive_key, redact};
 pub use schema::{
-    ActorConfig, ClusterConfig, DatasetConfig, DatasetSource, EConfig, GenerationConfig, NormConfig,
-    NormLevel, RunConfig,
+    ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
+    GenerationConfig, MetricsSection, ModelEngine, ModelSection, NormConfig, NormLevel, ProxySection,
+    ReasoningParser, RolloutSection, RunConfig, ToolCallParser,
 };
 pub use stream::{
     RewardRef, STREAM_FIELDS, StreamConfig, load_stream_configs, load_stream_configs_with_env,

@@ -25,6 +25,7 @@ pub const REFERENCE_ENV_VARS: &[(&str, &str)] = &[
     ("ARENA_STREAM_ID", "econfig.stream_id"),
     ("ARENA_LLM_ROUTE_MODE", "econfig.arena_llm_route_mode"),
     ("ARENA_TASK_WAIT_TIMEOUT", "econfig.timeout"),
+    ("MODEL_PATH", "model.path"),
 ];
 
 /// The prefix of config environment variables: `ARENA_RL_ECONFIG__ARENA_MIXTURE_EPOCH_SIZE=12`.

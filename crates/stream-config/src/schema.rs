@@ -5,10 +5,15 @@
 
 mod econfig;
 pub(crate) mod lenient_json;
+mod runtime;
 
 use serde::{Deserialize, Serialize};
 
 pub use econfig::{DatasetSource, EConfig};
+pub use runtime::{
+    CheckpointSection, ExportStyle, MetricsSection, ModelEngine, ModelSection, ProxySection, ReasoningParser,
+    RolloutSection, ToolCallParser,
+};
 
 use crate::env::Env;
 use crate::error::{Collector, Problem};
@@ -39,6 +44,18 @@ pub struct RunConfig {
     pub train_dataset: DatasetConfig,
     /// How prompt rows are batched for evaluation; absent means no evaluation.
     pub valid_dataset: Option<DatasetConfig>,
+    /// Evaluate on `valid_dataset` rows every this many training steps (0 never evaluates).
+    pub eval_every: u64,
+    /// The rollout proxy the loop runs in-process.
+    pub proxy: ProxySection,
+    /// Rollout scheduling and where the policy is served.
+    pub rollout: RolloutSection,
+    /// The policy's weights.
+    pub model: ModelSection,
+    /// Checkpoints of the trained policy.
+    pub checkpoint: CheckpointSection,
+    /// Per-step metric files.
+    pub metrics: MetricsSection,
 }
 
 /// The `cluster` section.
@@ -283,6 +300,17 @@ impl RunConfig {
                 c.push(root.key(section).key("batch_size"), "must be >= 1, got 0");
             }
         }
+
+        if self.eval_every > 0 && self.valid_dataset.is_none() {
+            c.push(
+                root.key("eval_every"),
+                format!("is {} but valid_dataset is not set", self.eval_every),
+            );
+        }
+        self.proxy.validate(&root.key("proxy"), &mut c);
+        self.rollout.validate(&root.key("rollout"), &mut c);
+        self.model.validate(&root.key("model"), &mut c);
+        self.checkpoint.validate(&root.key("checkpoint"), &mut c);
 
         self.econfig
             .validate(&root.key("econfig"), self.train_dataset.batch_size, &mut c);

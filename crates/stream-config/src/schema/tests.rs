@@ -14,7 +14,13 @@ fn struct_fields_lists_the_sections() {
             "gconfig",
             "actor",
             "train_dataset",
-            "valid_dataset"
+            "valid_dataset",
+            "eval_every",
+            "proxy",
+            "rollout",
+            "model",
+            "checkpoint",
+            "metrics"
         ]
     );
     assert!(struct_fields::<EConfig>().contains(&"arena_idempotent_launch"));
@@ -77,4 +83,96 @@ fn normalising_rewards_twice_is_a_config_error() {
     let problems = config.problems(&Env::default());
     assert_eq!(problems.len(), 1);
     assert!(problems[0].message.contains("normalise rewards twice"));
+}
+
+fn loop_problems(overrides: &[&str]) -> Vec<String> {
+    let mut all = vec!["experiment_name=e".to_string(), "trial_name=t".to_string()];
+    all.extend(overrides.iter().map(|o| (*o).to_string()));
+    match crate::load_run_config_str("run.yaml", "{}", &all, &Env::default()) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.problems().iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn loop_sections_have_the_reference_defaults() {
+    let config = RunConfig::default();
+    assert_eq!(config.proxy.export_style, ExportStyle::Concat);
+    assert_eq!(config.proxy.turn_discount, 1.0);
+    assert_eq!(config.proxy.session_timeout_seconds, 3600.0);
+    assert_eq!(config.proxy.admin_key_env, "SWE_RL_ADMIN_API_KEY");
+    assert_eq!(config.rollout.max_head_offpolicyness, 0);
+    assert!(config.rollout.policy_servers.is_empty());
+    assert_eq!(config.eval_every, 0);
+    assert!(loop_problems(&[]).is_empty());
+}
+
+#[test]
+fn loop_sections_report_every_problem_at_once() {
+    let problems = loop_problems(&[
+        "proxy.turn_discount=1.5",
+        "proxy.session_timeout_seconds=0",
+        "rollout.max_concurrent_rollouts=0",
+        "rollout.policy_servers=[http://a:1, ftp://b]",
+        "rollout.n_workers=2",
+        "rollout.worker_index=2",
+        "checkpoint.keep_last=0",
+        "eval_every=3",
+    ]);
+    let text = problems.join("\n");
+    for needle in [
+        "proxy.turn_discount: must be in [0, 1], got 1.5",
+        "proxy.session_timeout_seconds: must be finite and positive, got 0",
+        "rollout.max_concurrent_rollouts: must be >= 1 or null, got 0",
+        "rollout.policy_servers[1]: \"ftp://b\" must be an http:// or https:// URL",
+        "rollout.worker_index: must be below rollout.n_workers (2), got 2",
+        "checkpoint.keep_last: must be >= 1, got 0",
+        "eval_every: is 3 but valid_dataset is not set",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert_eq!(problems.len(), 7, "{text}");
+}
+
+#[test]
+fn policy_servers_take_the_list_xtask_submit_renders() {
+    let config = crate::load_run_config_str(
+        "run.yaml",
+        "{}",
+        &[
+            "experiment_name=e".to_string(),
+            "trial_name=t".to_string(),
+            "rollout.policy_servers=[http://node1:30000,http://node2:30001]".to_string(),
+        ],
+        &Env::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        config.rollout.policy_servers,
+        ["http://node1:30000", "http://node2:30001"]
+    );
+    let empty = crate::load_run_config_str(
+        "run.yaml",
+        "{}",
+        &[
+            "experiment_name=e".to_string(),
+            "trial_name=t".to_string(),
+            "rollout.policy_servers=[]".to_string(),
+        ],
+        &Env::default(),
+    )
+    .unwrap();
+    assert!(empty.rollout.policy_servers.is_empty());
+}
+
+#[test]
+fn model_path_comes_from_model_path_and_the_admin_key_is_never_a_value() {
+    let env = Env::from_pairs([
+        ("MODEL_PATH", "/shared/models/m"),
+        ("SWE_RL_ADMIN_API_KEY", "s3cret"),
+    ]);
+    let config =
+        crate::load_run_config_str("run.yaml", "experiment_name: e\ntrial_name: t\n", &[], &env).unwrap();
+    assert_eq!(config.model.path, "/shared/models/m");
+    assert!(!config.to_redacted_yaml().unwrap().contains("s3cret"));
 }

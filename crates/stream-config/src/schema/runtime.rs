@@ -1,0 +1,298 @@
+//! The sections the training loop reads: `proxy`, `rollout`, `model`, `checkpoint`, `metrics` (and the
+//! top-level `eval_every` in [`super::RunConfig`]).
+//!
+//! Defaults follow the reference's Arena YAMLs where it has them (`export_style: concat`, `turn_discount: 1.0`,
+//! session timeout 3600 s, the admin key from `SWE_RL_ADMIN_API_KEY`). The admin key itself is never a config
+//! value: the config names the environment variable it is read from.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Collector;
+use crate::path::KeyPath;
+
+/// How the model writes tool calls, as the proxy parses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallParser {
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes; the reference's `qwen25`).
+    #[default]
+    Hermes,
+    /// Qwen3-Coder's XML-style calls.
+    Qwen3Coder,
+    /// Tool calls are not parsed.
+    None,
+}
+
+/// How the model writes reasoning, as the proxy parses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningParser {
+    /// `<think>...</think>` at the start of the output (the reference's `qwen3`).
+    #[default]
+    Think,
+    /// Reasoning is not parsed.
+    None,
+}
+
+/// How a session is cut into trajectories at export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportStyle {
+    /// One trajectory per leaf of the interaction tree (the reference's Arena YAMLs).
+    #[default]
+    Concat,
+    /// One trajectory per interaction.
+    Individual,
+}
+
+/// Which inference engine serves the policy in-process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelEngine {
+    /// The trainer's burn policy, loaded from `model.path`.
+    #[default]
+    Burn,
+    /// The proxy's deterministic fake engine over the folder's tokenizer (tests and demos; nothing learns).
+    Fake,
+}
+
+/// The `proxy` section: the rollout proxy the loop runs in-process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxySection {
+    /// Address the proxy binds.
+    pub host: String,
+    /// Port the proxy binds; 0 picks a free one.
+    pub port: u16,
+    /// The proxy's address as Arena and Harnesses see it (`http://host:port`); empty means the bound address
+    /// (with `0.0.0.0` replaced by this machine's hostname).
+    pub public_url: String,
+    /// Environment variable holding the proxy admin key (the reference's `SWE_RL_ADMIN_API_KEY`); when it is
+    /// unset, a random key is generated for the run.
+    pub admin_key_env: String,
+    /// Most sessions held at once.
+    pub max_sessions: u32,
+    /// Seconds a session may stay idle before it is dropped (the reference's `session_timeout_seconds`).
+    pub session_timeout_seconds: f64,
+    /// Seconds an export waits for its session to end.
+    pub export_wait_timeout_seconds: f64,
+    /// How sessions are cut into trajectories: `concat` or `individual`.
+    pub export_style: ExportStyle,
+    /// Reward discount across a session's turns (`r_i += turn_discount * r_{i+1}`).
+    pub turn_discount: f64,
+    /// Tool-call parser: `hermes`, `qwen3_coder` or `none`.
+    pub tool_call_parser: ToolCallParser,
+    /// Reasoning parser: `think` or `none`.
+    pub reasoning_parser: ReasoningParser,
+    /// Message preprocessors, by name, applied in order.
+    pub preprocessors: Vec<String>,
+}
+
+impl Default for ProxySection {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_string(),
+            port: 0,
+            public_url: String::new(),
+            admin_key_env: "SWE_RL_ADMIN_API_KEY".to_string(),
+            max_sessions: 4096,
+            session_timeout_seconds: 3600.0,
+            export_wait_timeout_seconds: 600.0,
+            export_style: ExportStyle::Concat,
+            turn_discount: 1.0,
+            tool_call_parser: ToolCallParser::Hermes,
+            reasoning_parser: ReasoningParser::Think,
+            preprocessors: Vec::new(),
+        }
+    }
+}
+
+/// The `rollout` section: how rollouts are scheduled and where the policy runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Most rollouts (sessions) in flight at once; null means one training step's worth
+    /// (`train_dataset.batch_size * gconfig.n_samples`).
+    pub max_concurrent_rollouts: Option<u32>,
+    /// How many policy versions rollouts may run ahead of training (0 = synchronous).
+    pub max_head_offpolicyness: u32,
+    /// SGLang-protocol servers (`http://host:port`) that serve the policy; empty serves it in-process.
+    pub policy_servers: Vec<String>,
+    /// Rollout workers the rows are sharded across.
+    pub n_workers: u32,
+    /// This process's worker index, in `0..n_workers`.
+    pub worker_index: u32,
+    /// Directory of the durable rollout journal; empty means `<run dir>/journal`.
+    pub journal_dir: String,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        Self {
+            max_concurrent_rollouts: None,
+            max_head_offpolicyness: 0,
+            policy_servers: Vec::new(),
+            n_workers: 1,
+            worker_index: 0,
+            journal_dir: String::new(),
+        }
+    }
+}
+
+/// The `model` section: the policy's weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// A Hugging Face folder (`config.json`, safetensors, `tokenizer.json`, chat template); the environment
+    /// variable `MODEL_PATH` also sets it.
+    pub path: String,
+    /// The in-process engine: `burn` (the policy) or `fake` (deterministic tokens, for tests and demos).
+    pub engine: ModelEngine,
+    /// Most sequences the in-process policy decodes together.
+    pub max_batch: u32,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: String::new(),
+            engine: ModelEngine::Burn,
+            max_batch: 64,
+        }
+    }
+}
+
+/// The `checkpoint` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Save a checkpoint every this many training steps (0 never saves, and a killed run restarts from the
+    /// initial weights while keeping its journaled rollouts).
+    pub save_every: u64,
+    /// How many checkpoints to keep, newest first.
+    pub keep_last: u32,
+    /// Directory of checkpoints; empty means `<run dir>/checkpoints`.
+    pub dir: String,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        Self {
+            save_every: 1,
+            keep_last: 2,
+            dir: String::new(),
+        }
+    }
+}
+
+/// The `metrics` section: where per-step metrics go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Append one JSON object per step to `metrics.jsonl`.
+    pub jsonl: bool,
+    /// Write TensorBoard event files (`events.out.tfevents.*`).
+    pub tensorboard: bool,
+    /// Draw `reward_curve.png` at the end of the run.
+    pub reward_curve: bool,
+    /// Show progress bars on a terminal.
+    pub progress: bool,
+    /// Directory of metric files; empty means `<run dir>/metrics`.
+    pub dir: String,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self {
+            jsonl: true,
+            tensorboard: true,
+            reward_curve: true,
+            progress: true,
+            dir: String::new(),
+        }
+    }
+}
+
+fn finite_positive(c: &mut Collector, path: KeyPath, value: f64) {
+    if !(value.is_finite() && value > 0.0) {
+        c.push(path, format!("must be finite and positive, got {value}"));
+    }
+}
+
+fn http_url(c: &mut Collector, path: KeyPath, value: &str) {
+    let rest = value
+        .strip_prefix("http://")
+        .or_else(|| value.strip_prefix("https://"));
+    if rest.is_none_or(|r| r.trim_matches('/').is_empty() || r.contains(char::is_whitespace)) {
+        c.push(path, format!("{value:?} must be an http:// or https:// URL"));
+    }
+}
+
+impl ProxySection {
+    pub(crate) fn validate(&self, path: &KeyPath, c: &mut Collector) {
+        if self.host.trim().is_empty() {
+            c.push(path.key("host"), "must not be empty");
+        }
+        if !self.public_url.is_empty() {
+            http_url(c, path.key("public_url"), &self.public_url);
+        }
+        if self.admin_key_env.trim().is_empty() {
+            c.push(path.key("admin_key_env"), "must name an environment variable");
+        }
+        if self.max_sessions == 0 {
+            c.push(path.key("max_sessions"), "must be >= 1, got 0");
+        }
+        finite_positive(
+            c,
+            path.key("session_timeout_seconds"),
+            self.session_timeout_seconds,
+        );
+        finite_positive(
+            c,
+            path.key("export_wait_timeout_seconds"),
+            self.export_wait_timeout_seconds,
+        );
+        let d = self.turn_discount;
+        if !(d.is_finite() && (0.0..=1.0).contains(&d)) {
+            c.push(path.key("turn_discount"), format!("must be in [0, 1], got {d}"));
+        }
+    }
+}
+
+impl RolloutSection {
+    pub(crate) fn validate(&self, path: &KeyPath, c: &mut Collector) {
+        if self.max_concurrent_rollouts == Some(0) {
+            c.push(path.key("max_concurrent_rollouts"), "must be >= 1 or null, got 0");
+        }
+        for (i, url) in self.policy_servers.iter().enumerate() {
+            http_url(c, path.key("policy_servers").index(i), url);
+        }
+        if self.n_workers == 0 {
+            c.push(path.key("n_workers"), "must be >= 1, got 0");
+        } else if self.worker_index >= self.n_workers {
+            c.push(
+                path.key("worker_index"),
+                format!(
+                    "must be below rollout.n_workers ({}), got {}",
+                    self.n_workers, self.worker_index
+                ),
+            );
+        }
+    }
+}
+
+impl ModelSection {
+    pub(crate) fn validate(&self, path: &KeyPath, c: &mut Collector) {
+        if self.max_batch == 0 {
+            c.push(path.key("max_batch"), "must be >= 1, got 0");
+        }
+    }
+}
+
+impl CheckpointSection {
+    pub(crate) fn validate(&self, path: &KeyPath, c: &mut Collector) {
+        if self.keep_last == 0 {
+            c.push(path.key("keep_last"), "must be >= 1, got 0");
+        }
+    }
+}
