@@ -13,7 +13,9 @@ mod cmd {
     pub(crate) mod preflight;
     pub(crate) mod proxy;
     pub(crate) mod quickstart;
+    pub(crate) mod serve_policy;
     pub(crate) mod streams;
+    pub(crate) mod train;
 }
 
 #[derive(Parser)]
@@ -44,6 +46,12 @@ enum Command {
     /// Inspect Arena Stream definitions.
     #[command(subcommand)]
     Streams(cmd::streams::Command),
+    /// Train a policy against Arena: rollouts, rewards, training steps, checkpoints, metrics.
+    Train(cmd::train::Args),
+    /// Collect scored rollouts and export them to JSONL, without training.
+    Rollout(cmd::train::Args),
+    /// Serve the burn policy over SGLang's /generate protocol for a run's rollout.policy_servers.
+    ServePolicy(cmd::serve_policy::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +61,9 @@ fn main() -> ExitCode {
         Command::Proxy(args) => cmd::proxy::run(args),
         Command::Quickstart(args) => cmd::quickstart::run(args),
         Command::Streams(command) => cmd::streams::run(command),
+        Command::Train(args) => cmd::train::run_train(args),
+        Command::Rollout(args) => cmd::train::run_rollout(args),
+        Command::ServePolicy(args) => cmd::serve_policy::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

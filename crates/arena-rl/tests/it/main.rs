@@ -1,6 +1,9 @@
 //! The `arena-rl` binary, run as a user runs it.
 
 mod config;
+mod kill_resume;
+mod loop_e2e;
 mod model;
 mod preflight;
 mod proxy;
+mod support;

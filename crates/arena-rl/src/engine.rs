@@ -1,0 +1,164 @@
+//! The burn policy as the proxy's inference engine: [`PolicyEngine`] wraps `trainer::Policy` and implements
+//! `rollout_proxy::InferenceEngine`, so the proxy and `arena-rl serve-policy` serve it without naming burn.
+//!
+//! Weight updates from disk (`update_weights_from_disk`, also reachable over SGLang's HTTP protocol through
+//! `generate_router`) load a Hugging Face folder with `trainer::Weights::load_dir` and swap it in between two
+//! decoding steps; sequences in flight continue, their later tokens carrying the new version.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use rollout_proxy::{
+    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
+    WeightUpdate,
+};
+use trainer::{GenerationEvent, GenerationRequest, Policy, PolicyOptions, Weights};
+
+/// `trainer::Policy` as an [`InferenceEngine`]. Cloning shares the policy.
+#[derive(Clone, Debug)]
+pub struct PolicyEngine {
+    policy: Policy,
+}
+
+impl PolicyEngine {
+    /// Wraps a loaded policy.
+    pub fn new(policy: Policy) -> Self {
+        Self { policy }
+    }
+
+    /// Loads the Hugging Face folder `dir` on the CPU, decoding at most `max_batch` sequences together.
+    pub fn load(dir: &Path, max_batch: usize) -> anyhow::Result<Self> {
+        let options = PolicyOptions {
+            max_batch,
+            ..PolicyOptions::default()
+        };
+        let policy = Policy::load(dir, options)
+            .map_err(|e| anyhow::anyhow!("cannot load the policy from {}: {e}", dir.display()))?;
+        Ok(Self { policy })
+    }
+
+    /// The wrapped policy (for the trainer, which swaps weights in directly).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The version new tokens are sampled with.
+    pub fn version(&self) -> u64 {
+        self.policy.version()
+    }
+
+    /// Installs `weights` as `version` between two decoding steps.
+    pub async fn swap(&self, weights: Weights, version: u64) -> Result<u64, EngineError> {
+        let receipt = self
+            .policy
+            .swap_weights(weights, version)
+            .map_err(|e| EngineError::Internal(format!("weight swap refused: {e}")))?;
+        receipt
+            .installed()
+            .await
+            .map_err(|e| EngineError::Internal(format!("weight swap failed: {e}")))
+    }
+}
+
+fn version_u32(version: u64) -> u32 {
+    u32::try_from(version).unwrap_or(u32::MAX)
+}
+
+impl InferenceEngine for PolicyEngine {
+    fn generate(&self, request: GenerateRequest) -> TokenStream {
+        let sampling = &request.sampling;
+        let params = trainer::SamplingParams {
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            top_k: sampling.top_k.map_or(0, |k| k as usize),
+            seed: sampling.seed,
+        };
+        let submitted = self.policy.submit(GenerationRequest {
+            input_ids: request.input_ids.to_vec(),
+            sampling: params,
+            stop_token_ids: sampling.stop_token_ids.clone(),
+            max_new_tokens: sampling.max_new_tokens as usize,
+        });
+        let stop_ids = sampling.stop_token_ids.clone();
+        match submitted {
+            Err(e) => Box::pin(futures::stream::once(async move {
+                Err(EngineError::InvalidRequest(e.to_string()))
+            })),
+            Ok(stream) => {
+                let state = (stream, None::<u32>, false);
+                Box::pin(futures::stream::unfold(state, move |(mut stream, last, done)| {
+                    let stop_ids = stop_ids.clone();
+                    async move {
+                        if done {
+                            return None;
+                        }
+                        match stream.recv().await {
+                            Some(GenerationEvent::Token {
+                                token_id,
+                                logprob,
+                                version,
+                            }) => Some((
+                                Ok(EngineEvent::Token(SampledToken {
+                                    id: token_id,
+                                    logprob,
+                                    version: version_u32(version),
+                                })),
+                                (stream, Some(token_id), false),
+                            )),
+                            Some(GenerationEvent::Finished { reason, .. }) => {
+                                let finish = match reason {
+                                    trainer::FinishReason::Stop => FinishReason::Stop {
+                                        matched: last.filter(|t| stop_ids.contains(t)),
+                                    },
+                                    trainer::FinishReason::Length => FinishReason::Length,
+                                };
+                                Some((Ok(EngineEvent::Finished(finish)), (stream, last, true)))
+                            }
+                            None => Some((
+                                Err(EngineError::Internal("the policy engine stopped".to_string())),
+                                (stream, last, true),
+                            )),
+                        }
+                    }
+                }))
+            }
+        }
+    }
+
+    fn max_context_len(&self) -> usize {
+        self.policy.config().max_position_embeddings
+    }
+
+    fn update_weights_from_disk(&self, update: WeightUpdate) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            let path = update.path.clone();
+            let weights = tokio::task::spawn_blocking(move || Weights::load_dir(&path))
+                .await
+                .map_err(|e| EngineError::Internal(format!("weight loading panicked: {e}")))?
+                .map_err(|e| {
+                    EngineError::InvalidRequest(format!(
+                        "cannot load weights from {}: {e}",
+                        update.path.display()
+                    ))
+                })?;
+            weights
+                .check_against(self.policy.config())
+                .map_err(|e| EngineError::InvalidRequest(format!("{}: {e}", update.path.display())))?;
+            let version = update
+                .version
+                .map_or_else(|| self.policy.version() + 1, u64::from);
+            self.swap(weights, version).await.map(|_| ())
+        })
+    }
+
+    fn flush_cache(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        // The policy keeps no prefix cache across requests: there is nothing to drop.
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Shares an engine as the proxy takes it.
+pub fn shared(engine: PolicyEngine) -> Arc<dyn InferenceEngine> {
+    Arc::new(engine)
+}

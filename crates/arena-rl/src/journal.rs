@@ -1,0 +1,269 @@
+//! The durable rollout journal: one JSON record per line, appended and fsynced before the loop acts on it.
+//!
+//! What is journaled, and when:
+//!
+//! - `route` before the request that registers a gateway-mode route (the name is chosen first), and as soon as
+//!   a session-gateway route is acquired; `route_deleted` after a route is gone.
+//! - `launch` before a task launch (its sample and idempotency key), `task` as soon as Arena answers with a
+//!   task id and before polling, `task_done` once the task is terminal or cancelled.
+//! - `rollout` once a rollout is finished, routed and exported: its decision and trajectories. Training
+//!   consumes rollouts only from here, so a finished rollout is never lost and never run again.
+//! - `step` after a training step (informational; the checkpoint decides where a resumed run starts).
+//!
+//! On open, the journal is read back: a torn last line (a kill in the middle of a write) is cut off, and
+//! [`JournalState`] says which routes and tasks a killed process left behind and which rollouts are done.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead as _, BufReader, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context as _, Result};
+use rollout_proxy::ExportedTrajectory;
+use serde::{Deserialize, Serialize};
+
+/// Identifies one rollout of a run: training step (or evaluation round), group and sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SampleKey {
+    /// `true` for evaluation rollouts.
+    pub eval: bool,
+    /// The training step the rollout feeds (or the step after which the evaluation ran).
+    pub step: u64,
+    /// The prompt's index within the step's batch.
+    pub group: u32,
+    /// The sample's index within the group.
+    pub sample: u32,
+}
+
+impl std::fmt::Display for SampleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.eval { "e" } else { "s" };
+        write!(f, "{kind}{}g{}:{}", self.step, self.group, self.sample)
+    }
+}
+
+/// How a finished rollout feeds its group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Trained with this reward (before normalisation).
+    Reward {
+        /// The reward set on the session's last interaction.
+        reward: f64,
+    },
+    /// No trajectory (empty export, or a model failure without interactions): left out of its group.
+    Dropped {
+        /// Why.
+        reason: String,
+    },
+    /// Rejected: the whole group is rejected.
+    Rejected {
+        /// The reason's stable label (`system_failure`, `arena_error`, ...).
+        reason: String,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// A finished, routed, exported rollout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// Which rollout.
+    pub key: SampleKey,
+    /// The stream name.
+    pub stream: String,
+    /// The row.
+    pub data_id: String,
+    /// The task type (`domain:` tag).
+    pub task_type: String,
+    /// The task id, when one was launched.
+    pub task_id: Option<String>,
+    /// How it feeds its group.
+    pub verdict: Verdict,
+    /// The session's trajectories (empty unless trained).
+    pub trajectories: Vec<ExportedTrajectory>,
+    /// The policy version the session started under.
+    pub policy_version: u64,
+}
+
+/// One journal line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Entry {
+    /// A route name, journaled before it may exist in Arena.
+    Route {
+        /// The route's model name.
+        name: String,
+    },
+    /// A route was deleted (or found gone).
+    RouteDeleted {
+        /// The route's model name.
+        name: String,
+    },
+    /// A launch is about to be sent.
+    Launch {
+        /// The rollout.
+        key: SampleKey,
+        /// Its idempotency key, when launches carry one.
+        idempotency_key: Option<String>,
+    },
+    /// Arena answered a launch with this task id.
+    Task {
+        /// The rollout.
+        key: SampleKey,
+        /// Arena's task id.
+        task_id: String,
+    },
+    /// The task is terminal, cancelled, or no longer ours to clean.
+    TaskDone {
+        /// Arena's task id.
+        task_id: String,
+    },
+    /// A finished rollout.
+    Rollout(Box<RolloutRecord>),
+    /// A training step finished.
+    Step {
+        /// The step (0-based).
+        step: u64,
+        /// The policy version after it.
+        version: u64,
+    },
+}
+
+/// What the journal says, replayed.
+#[derive(Debug, Default, Clone)]
+pub struct JournalState {
+    /// Routes that may still exist in Arena.
+    pub open_routes: BTreeSet<String>,
+    /// Tasks that may still run in Arena.
+    pub open_tasks: BTreeSet<String>,
+    /// Finished rollouts by key (the first record of a key wins).
+    pub rollouts: BTreeMap<SampleKey, RolloutRecord>,
+    /// The last training step journaled.
+    pub last_step: Option<u64>,
+    /// Lines cut off as torn.
+    pub torn_lines: usize,
+}
+
+impl JournalState {
+    fn apply(&mut self, entry: Entry) {
+        match entry {
+            Entry::Route { name } => {
+                self.open_routes.insert(name);
+            }
+            Entry::RouteDeleted { name } => {
+                self.open_routes.remove(&name);
+            }
+            Entry::Launch { .. } => {}
+            Entry::Task { task_id, .. } => {
+                self.open_tasks.insert(task_id);
+            }
+            Entry::TaskDone { task_id } => {
+                self.open_tasks.remove(&task_id);
+            }
+            Entry::Rollout(record) => {
+                self.rollouts.entry(record.key).or_insert(*record);
+            }
+            Entry::Step { step, .. } => {
+                self.last_step = Some(self.last_step.map_or(step, |s| s.max(step)));
+            }
+        }
+    }
+}
+
+/// The journal file of one rollout worker. Cloning shares it.
+#[derive(Clone)]
+pub struct Journal {
+    inner: Arc<Mutex<File>>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("path", &self.path).finish()
+    }
+}
+
+impl Journal {
+    /// Opens (or creates) the journal at `path`, replays it, and cuts off a torn last line.
+    pub fn open(path: &Path) -> Result<(Self, JournalState)> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the journal directory {}", dir.display()))?;
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .with_context(|| format!("cannot open the journal {}", path.display()))?;
+        let mut state = JournalState::default();
+        let mut good_len = 0u64;
+        {
+            let mut reader = BufReader::new(&file);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let n = reader
+                    .read_until(b'\n', &mut line)
+                    .with_context(|| format!("cannot read the journal {}", path.display()))?;
+                if n == 0 {
+                    break;
+                }
+                let complete = line.ends_with(b"\n");
+                match serde_json::from_slice::<Entry>(line.trim_ascii_end()) {
+                    Ok(entry) if complete => {
+                        state.apply(entry);
+                        good_len += n as u64;
+                    }
+                    _ if !complete => {
+                        state.torn_lines += 1;
+                        break;
+                    }
+                    Ok(_) => unreachable!("complete lines are handled above"),
+                    Err(e) => {
+                        anyhow::bail!(
+                            "the journal {} is corrupt at byte {good_len}: {e}; refusing to resume from it",
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+        let len = file.seek(SeekFrom::End(0))?;
+        if len != good_len {
+            file.set_len(good_len)
+                .with_context(|| format!("cannot cut the torn end of the journal {}", path.display()))?;
+            file.sync_data()?;
+        }
+        Ok((
+            Self {
+                inner: Arc::new(Mutex::new(file)),
+                path: path.to_path_buf(),
+            },
+            state,
+        ))
+    }
+
+    /// The journal's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `entry` as one line and fsyncs it before returning.
+    pub fn append(&self, entry: &Entry) -> Result<()> {
+        let mut line = serde_json::to_vec(entry).context("cannot serialise a journal entry")?;
+        line.push(b'\n');
+        let mut file = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the journal lock is poisoned"))?;
+        file.write_all(&line)
+            .and_then(|()| file.sync_data())
+            .with_context(|| format!("cannot append to the journal {}", self.path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+//! Observability of a run: per-step metrics to JSONL and TensorBoard event files, the reward-curve PNG, and
+//! progress bars.
+//!
+//! Rollout metrics arrive as reward-routing's plain `(name, value)` records; [`StepMetrics`] averages every
+//! name over one step (so 0/1 lifecycle flags become rates), and [`MetricsSink`] writes the averages as one
+//! JSONL line and one TensorBoard scalar per name. `rollout/reward` is the mean training reward of the step
+//! before normalisation.
+
+pub mod curve;
+pub mod tfevents;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use reward_routing::Metric;
+use serde_json::{Map, Value, json};
+
+use self::tfevents::EventWriter;
+
+/// Metrics of one step, averaged per name.
+#[derive(Debug, Default, Clone)]
+pub struct StepMetrics {
+    sums: BTreeMap<String, (f64, u64)>,
+}
+
+impl StepMetrics {
+    /// Adds one record.
+    pub fn add(&mut self, metric: &Metric) {
+        self.add_value(&metric.name, metric.value);
+    }
+
+    /// Adds one value under `name`.
+    pub fn add_value(&mut self, name: &str, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        let slot = self.sums.entry(name.to_string()).or_insert((0.0, 0));
+        slot.0 += value;
+        slot.1 += 1;
+    }
+
+    /// Sets `name` to exactly `value` (replacing what was added).
+    pub fn set(&mut self, name: &str, value: f64) {
+        self.sums.insert(name.to_string(), (value, 1));
+    }
+
+    /// Adds every record.
+    pub fn extend<'a>(&mut self, metrics: impl IntoIterator<Item = &'a Metric>) {
+        for m in metrics {
+            self.add(m);
+        }
+    }
+
+    /// The mean of `name`, if any value was added.
+    pub fn mean(&self, name: &str) -> Option<f64> {
+        self.sums.get(name).map(|(s, n)| s / *n as f64)
+    }
+
+    /// Every name with its mean, sorted by name.
+    pub fn means(&self) -> Vec<(String, f64)> {
+        self.sums
+            .iter()
+            .map(|(k, (s, n))| (k.clone(), s / *n as f64))
+            .collect()
+    }
+
+    /// Merges another step's records into this one.
+    pub fn merge(&mut self, other: &StepMetrics) {
+        for (k, (s, n)) in &other.sums {
+            let slot = self.sums.entry(k.clone()).or_insert((0.0, 0));
+            slot.0 += s;
+            slot.1 += n;
+        }
+    }
+}
+
+/// Where a run's metrics go.
+pub struct MetricsSink {
+    dir: PathBuf,
+    jsonl: Option<File>,
+    tensorboard: Option<EventWriter>,
+    rewards: Vec<(u64, f64)>,
+    eval_rewards: Vec<(u64, f64)>,
+}
+
+impl MetricsSink {
+    /// Opens the sinks under `dir` (JSONL appended, so a resumed run continues the same file).
+    pub fn open(dir: &Path, jsonl: bool, tensorboard: bool) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let jsonl = jsonl
+            .then(|| {
+                let path = dir.join("metrics.jsonl");
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))
+            })
+            .transpose()?;
+        let tensorboard = tensorboard
+            .then(|| EventWriter::create(&dir.join("tensorboard"), &hostname()))
+            .transpose()?;
+        let mut sink = Self {
+            dir: dir.to_path_buf(),
+            jsonl,
+            tensorboard,
+            rewards: Vec::new(),
+            eval_rewards: Vec::new(),
+        };
+        sink.load_history();
+        Ok(sink)
+    }
+
+    /// Reads earlier steps' rewards back from `metrics.jsonl`, so a resumed run's curve starts at step 0.
+    fn load_history(&mut self) {
+        let Ok(text) = std::fs::read_to_string(self.dir.join("metrics.jsonl")) else {
+            return;
+        };
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let Some(step) = v["step"].as_u64() else { continue };
+            if let Some(r) = v["rollout/reward"].as_f64() {
+                self.rewards.retain(|(s, _)| *s != step);
+                self.rewards.push((step, r));
+            }
+            if let Some(r) = v["eval-rollout/reward"].as_f64() {
+                self.eval_rewards.retain(|(s, _)| *s != step);
+                self.eval_rewards.push((step, r));
+            }
+        }
+    }
+
+    /// The metrics directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes one step's metrics.
+    pub fn write_step(&mut self, step: u64, metrics: &StepMetrics) -> Result<()> {
+        let means = metrics.means();
+        if let Some(r) = metrics.mean("rollout/reward") {
+            self.rewards.push((step, r));
+        }
+        if let Some(r) = metrics.mean("eval-rollout/reward") {
+            self.eval_rewards.push((step, r));
+        }
+        if let Some(f) = &mut self.jsonl {
+            let mut line = Map::new();
+            line.insert("step".into(), json!(step));
+            for (k, v) in &means {
+                line.insert(k.clone(), json!(v));
+            }
+            let mut text = serde_json::to_string(&Value::Object(line))?;
+            text.push('\n');
+            f.write_all(text.as_bytes())
+                .context("cannot append to metrics.jsonl")?;
+        }
+        if let Some(tb) = &mut self.tensorboard {
+            tb.scalars(step as i64, &means)?;
+        }
+        Ok(())
+    }
+
+    /// `(step, rollout/reward)` of every step so far.
+    pub fn rewards(&self) -> &[(u64, f64)] {
+        &self.rewards
+    }
+
+    /// Draws `reward_curve.png` in the metrics directory.
+    pub fn draw_curve(&self) -> Result<PathBuf> {
+        let path = self.dir.join("reward_curve.png");
+        curve::draw(&path, &self.rewards, &self.eval_rewards)?;
+        Ok(path)
+    }
+
+    /// The TensorBoard event file, if any.
+    pub fn tensorboard_path(&self) -> Option<&Path> {
+        self.tensorboard.as_ref().map(EventWriter::path)
+    }
+}
+
+/// This machine's hostname (for event file names).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// A progress bar for one phase (`rollouts` or `training`), hidden when not on a terminal or disabled.
+pub fn phase_bar(enabled: bool, phase: &str, len: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(
+        Some(len),
+        if enabled {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(phase.to_string());
+    bar
+}

@@ -1,0 +1,312 @@
+//! TensorBoard event files (`events.out.tfevents.<secs>.<host>`), written and read without TensorFlow.
+//!
+//! # Format
+//!
+//! A file is a sequence of records. Each record is
+//!
+//! ```text
+//! u64 length (little-endian) | u32 masked_crc32c(length bytes) | data[length] | u32 masked_crc32c(data)
+//! ```
+//!
+//! where `masked_crc32c(x) = ((crc >> 15) | (crc << 17)) + 0xa282ead8` (wrapping) over CRC-32C (Castagnoli).
+//! `data` is a serialised `tensorflow.Event` protobuf:
+//!
+//! ```text
+//! message Event { double wall_time = 1; int64 step = 2; oneof what { string file_version = 3; Summary summary = 5; } }
+//! message Summary { repeated Value value = 1; }
+//! message Summary.Value { string tag = 1; float simple_value = 2; }
+//! ```
+//!
+//! The first record carries `file_version = "brain.Event:2"`; each later record carries one scalar summary.
+//! This is what TensorBoard's `EventAccumulator` (and `wandb sync --sync-tensorboard`) reads as scalars.
+
+use std::fs::File;
+use std::io::{BufWriter, Write as _};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+
+const CASTAGNOLI: u32 = 0x82f6_3b78;
+
+fn crc32c_table() -> [u32; 256] {
+    let mut table = [0u32; 256];
+    for (i, slot) in table.iter_mut().enumerate() {
+        let mut crc = i as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ CASTAGNOLI
+            } else {
+                crc >> 1
+            };
+        }
+        *slot = crc;
+    }
+    table
+}
+
+/// CRC-32C (Castagnoli) of `data`.
+pub fn crc32c(data: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(crc32c_table);
+    let mut crc = !0u32;
+    for &b in data {
+        crc = table[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+/// TFRecord's masked CRC.
+pub fn masked_crc32c(data: &[u8]) -> u32 {
+    let crc = crc32c(data);
+    (crc.rotate_right(15)).wrapping_add(0xa282_ead8)
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn key(out: &mut Vec<u8>, field: u32, wire: u8) {
+    varint(out, (u64::from(field) << 3) | u64::from(wire));
+}
+
+fn bytes_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
+    key(out, field, 2);
+    varint(out, data.len() as u64);
+    out.extend_from_slice(data);
+}
+
+/// One decoded event: wall time, step, and either the file version or scalar values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Seconds since the Unix epoch.
+    pub wall_time: f64,
+    /// The global step.
+    pub step: i64,
+    /// `brain.Event:2` on the first record.
+    pub file_version: Option<String>,
+    /// `(tag, simple_value)` pairs.
+    pub scalars: Vec<(String, f32)>,
+}
+
+impl Event {
+    /// The protobuf encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        key(&mut out, 1, 1);
+        out.extend_from_slice(&self.wall_time.to_le_bytes());
+        key(&mut out, 2, 0);
+        varint(&mut out, self.step as u64);
+        if let Some(v) = &self.file_version {
+            bytes_field(&mut out, 3, v.as_bytes());
+        }
+        if !self.scalars.is_empty() {
+            let mut summary = Vec::new();
+            for (tag, value) in &self.scalars {
+                let mut v = Vec::new();
+                bytes_field(&mut v, 1, tag.as_bytes());
+                key(&mut v, 2, 5);
+                v.extend_from_slice(&value.to_le_bytes());
+                bytes_field(&mut summary, 1, &v);
+            }
+            bytes_field(&mut out, 5, &summary);
+        }
+        out
+    }
+
+    /// Decodes an `Event`, keeping the fields this module writes and skipping the others.
+    pub fn decode(data: &[u8]) -> Result<Self> {
+        let mut event = Event {
+            wall_time: 0.0,
+            step: 0,
+            file_version: None,
+            scalars: Vec::new(),
+        };
+        for (field, value) in fields(data)? {
+            match (field, value) {
+                (1, Field::Fixed64(b)) => event.wall_time = f64::from_le_bytes(b),
+                (2, Field::Varint(v)) => event.step = v as i64,
+                (3, Field::Bytes(b)) => event.file_version = Some(String::from_utf8(b.to_vec())?),
+                (5, Field::Bytes(summary)) => {
+                    for (f, value) in fields(summary)? {
+                        let (1, Field::Bytes(v)) = (f, value) else {
+                            continue;
+                        };
+                        let (mut tag, mut simple) = (String::new(), None);
+                        for (vf, vv) in fields(v)? {
+                            match (vf, vv) {
+                                (1, Field::Bytes(t)) => tag = String::from_utf8(t.to_vec())?,
+                                (2, Field::Fixed32(b)) => simple = Some(f32::from_le_bytes(b)),
+                                _ => {}
+                            }
+                        }
+                        if let Some(s) = simple {
+                            event.scalars.push((tag, s));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(event)
+    }
+}
+
+enum Field<'a> {
+    Varint(u64),
+    Fixed64([u8; 8]),
+    Fixed32([u8; 4]),
+    Bytes(&'a [u8]),
+}
+
+fn read_varint(data: &[u8], pos: &mut usize) -> Result<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let Some(&b) = data.get(*pos) else {
+            bail!("truncated varint")
+        };
+        *pos += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    bail!("varint longer than 10 bytes")
+}
+
+fn fields(data: &[u8]) -> Result<Vec<(u32, Field<'_>)>> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < data.len() {
+        let k = read_varint(data, &mut pos)?;
+        let field = (k >> 3) as u32;
+        let take = |pos: &mut usize, n: usize| -> Result<&[u8]> {
+            let end = pos.checked_add(n).filter(|&e| e <= data.len());
+            let Some(end) = end else {
+                bail!("truncated field {field}")
+            };
+            let s = &data[*pos..end];
+            *pos = end;
+            Ok(s)
+        };
+        let value = match k & 7 {
+            0 => Field::Varint(read_varint(data, &mut pos)?),
+            1 => Field::Fixed64(take(&mut pos, 8)?.try_into()?),
+            2 => {
+                let n = read_varint(data, &mut pos)? as usize;
+                Field::Bytes(take(&mut pos, n)?)
+            }
+            5 => Field::Fixed32(take(&mut pos, 4)?.try_into()?),
+            w => bail!("unsupported wire type {w} in field {field}"),
+        };
+        out.push((field, value));
+    }
+    Ok(out)
+}
+
+/// Frames `data` as one TFRecord.
+pub fn record(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + 16);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc32c(data).to_le_bytes());
+    out
+}
+
+/// Reads every event of a file, checking both CRCs of every record.
+pub fn read_events(path: &Path) -> Result<Vec<Event>> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut events = Vec::new();
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let Some(header) = data.get(pos..pos + 12) else {
+            bail!("{}: truncated record header at byte {pos}", path.display())
+        };
+        let len_bytes = &header[..8];
+        let len = u64::from_le_bytes(len_bytes.try_into()?) as usize;
+        let len_crc = u32::from_le_bytes(header[8..12].try_into()?);
+        if len_crc != masked_crc32c(len_bytes) {
+            bail!("{}: bad length CRC at byte {pos}", path.display());
+        }
+        let start = pos + 12;
+        let Some(body) = data.get(start..start + len) else {
+            bail!("{}: truncated record at byte {pos}", path.display())
+        };
+        let Some(crc) = data.get(start + len..start + len + 4) else {
+            bail!("{}: truncated record CRC at byte {pos}", path.display())
+        };
+        if u32::from_le_bytes(crc.try_into()?) != masked_crc32c(body) {
+            bail!("{}: bad data CRC at byte {pos}", path.display());
+        }
+        events.push(Event::decode(body)?);
+        pos = start + len + 4;
+    }
+    Ok(events)
+}
+
+/// Appends scalar events to one event file, flushing after each step.
+pub struct EventWriter {
+    out: BufWriter<File>,
+    path: PathBuf,
+}
+
+impl EventWriter {
+    /// Creates `events.out.tfevents.<secs>.<host>` in `dir` and writes the version record.
+    pub fn create(dir: &Path, host: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let now = wall_time();
+        let path = dir.join(format!("events.out.tfevents.{}.{host}", now as u64));
+        let file = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let mut writer = Self {
+            out: BufWriter::new(file),
+            path,
+        };
+        writer.write(&Event {
+            wall_time: now,
+            step: 0,
+            file_version: Some("brain.Event:2".to_string()),
+            scalars: Vec::new(),
+        })?;
+        Ok(writer)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write(&mut self, event: &Event) -> Result<()> {
+        self.out
+            .write_all(&record(&event.encode()))
+            .and_then(|()| self.out.flush())
+            .with_context(|| format!("cannot write {}", self.path.display()))
+    }
+
+    /// Writes one scalar event per `(tag, value)` at `step`.
+    pub fn scalars(&mut self, step: i64, values: &[(String, f64)]) -> Result<()> {
+        let now = wall_time();
+        for (tag, value) in values {
+            self.write(&Event {
+                wall_time: now,
+                step,
+                file_version: None,
+                scalars: vec![(tag.clone(), *value as f32)],
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn wall_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests;

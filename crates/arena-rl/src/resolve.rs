@@ -1,0 +1,213 @@
+//! Stream resolution at dataset-load time (reference section 2.5), row loading, mixing and sharding.
+//!
+//! For each configured stream: the stream is fetched (explicit id) or discovered (first ACTIVE); the live
+//! reward ref must equal a pinned one ("reward_ref drifted"), and it replaces `expected_reward_ref` so every
+//! run pins the grader that was live at load time; the protocol is resolved (override, harness, or the
+//! stream's default harness). Then every stream's rows are downloaded, mixed by weight
+//! (`stream_config::mixture`), and this worker's shard is kept.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result, bail};
+use arena_client::{ArenaClient, Dataset, DatasetRow, resolve_protocol};
+use reward_routing::{RewardRule, RewardSettings, RowMeta, TransformRegistry};
+use stream_config::{LlmProtocol, RewardRef, StreamConfig};
+
+/// A stream as rollouts use it: its resolved config and its reward rule.
+#[derive(Debug, Clone)]
+pub struct ResolvedStream {
+    /// The config, with `stream_id`, `llm_protocol` and `expected_reward_ref` filled from the live stream.
+    pub config: StreamConfig,
+    /// The reward rule (threshold, transform).
+    pub rule: RewardRule,
+    /// The ref the user pinned before resolution (empty when none): the live drift check before each launch
+    /// runs only for pinned streams, as in the reference.
+    pub pinned: RewardRef,
+}
+
+/// One prompt row: the dataset row plus what routing needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRow {
+    /// The stream name.
+    pub stream: String,
+    /// The row as Arena listed it.
+    pub row: DatasetRow,
+    /// The reward ref the row was loaded under (`reward_ref_key/version`).
+    pub reward_ref: RewardRef,
+}
+
+impl PromptRow {
+    /// The row as reward-routing sees it, with the stream's expected reward ref.
+    pub fn meta(&self, stream: &ResolvedStream) -> RowMeta {
+        RowMeta {
+            data_id: self.row.data_id.clone(),
+            stream_name: self.stream.clone(),
+            stream_id: self.row.stream_id.clone(),
+            task_type: self.row.arena_task_type.clone(),
+            expected_reward_ref: reward_routing::RewardRef {
+                key: stream.config.expected_reward_ref.key.clone(),
+                version: stream.config.expected_reward_ref.version.clone(),
+            },
+        }
+    }
+}
+
+/// Resolves every stream (section 2.5 steps 1-4).
+pub async fn resolve_streams(
+    client: &ArenaClient,
+    streams: &[StreamConfig],
+    registry: &TransformRegistry,
+) -> Result<Vec<ResolvedStream>> {
+    let mut out = Vec::with_capacity(streams.len());
+    for s in streams {
+        let info = if s.stream_id.trim().is_empty() {
+            client
+                .first_active_stream()
+                .await
+                .with_context(|| format!("stream {}: no ACTIVE stream to train on", s.name))?
+        } else {
+            client
+                .get_stream(&s.stream_id)
+                .await
+                .with_context(|| format!("stream {} ({})", s.name, s.stream_id))?
+        };
+        if info.stream_id.trim().is_empty() {
+            bail!("stream {}: Arena resolved it to an empty stream_id", s.name);
+        }
+        let live = info
+            .live_reward_ref()
+            .with_context(|| format!("stream {}", s.name))?
+            .map(|r| RewardRef::new(r.key, r.version))
+            .unwrap_or_default();
+        let pinned = s.expected_reward_ref.clone();
+        if !pinned.key.is_empty() && pinned != live {
+            bail!(
+                "stream {} ({}) reward_ref drifted: pinned {}@{}, live {}",
+                s.name,
+                info.stream_id,
+                pinned.key,
+                pinned.version,
+                if live.is_empty() {
+                    "none".to_string()
+                } else {
+                    format!("{}@{}", live.key, live.version)
+                }
+            );
+        }
+        let protocol = resolve_protocol(
+            s.llm_protocol.map(LlmProtocol::as_str),
+            Some(s.harness.as_str()),
+            Some(&info),
+        )
+        .with_context(|| format!("stream {}", s.name))?;
+        let mut config = s.clone();
+        config.stream_id = info.stream_id.clone();
+        config.llm_protocol = Some(protocol);
+        config.expected_reward_ref = live;
+        let rule = RewardRule::new(
+            &s.name,
+            &RewardSettings {
+                reward_threshold: s.reward_threshold,
+                reward_transform_fn: s.reward_transform_fn.clone(),
+            },
+            registry,
+        )
+        .with_context(|| format!("stream {}: reward settings", s.name))?;
+        out.push(ResolvedStream { config, rule, pinned });
+    }
+    Ok(out)
+}
+
+/// Downloads every stream's rows, mixes them by weight, and keeps this worker's shard.
+pub async fn load_rows(
+    client: &ArenaClient,
+    streams: &[ResolvedStream],
+    epoch_size: i64,
+    batch_size: usize,
+    worker: (usize, usize),
+) -> Result<Vec<PromptRow>> {
+    let mut per_stream = Vec::with_capacity(streams.len());
+    for s in streams {
+        let protocol = s.config.llm_protocol.unwrap_or(LlmProtocol::ChatCompletions);
+        let dataset = client
+            .get_all_dataset_rows(&s.config.stream_id, protocol)
+            .await
+            .with_context(|| format!("stream {}: loading rows", s.config.name))?;
+        let rows: Vec<PromptRow> = dataset
+            .into_rows()
+            .into_iter()
+            .map(|row| PromptRow {
+                stream: s.config.name.clone(),
+                row,
+                reward_ref: s.config.expected_reward_ref.clone(),
+            })
+            .collect();
+        per_stream.push(rows);
+    }
+    let configs: Vec<StreamConfig> = streams.iter().map(|s| s.config.clone()).collect();
+    let mixed = stream_config::mixture::build_weighted_rows(&configs, per_stream, epoch_size, batch_size)
+        .context("mixing the streams' rows")?;
+    let (index, count) = worker;
+    if count <= 1 {
+        return Ok(mixed);
+    }
+    // Shard by position with the same rule as `Dataset::shard`, keeping the stream of each row.
+    let ids = Dataset::new(mixed.iter().map(|r| r.row.clone()).collect())
+        .shard(index, count)
+        .context("sharding the rows across rollout workers")?
+        .into_rows();
+    let mut by_id: BTreeMap<(String, String), PromptRow> = mixed
+        .into_iter()
+        .map(|r| ((r.row.stream_id.clone(), r.row.data_id.clone()), r))
+        .collect();
+    Ok(ids
+        .into_iter()
+        .filter_map(|r| by_id.remove(&(r.stream_id, r.data_id)))
+        .collect())
+}
+
+/// The prompt rows of training step `step`: consecutive batches of the (optionally shuffled) row order, with
+/// a new deterministic shuffle each epoch, so that a resumed run sees the same batches.
+pub fn step_batch(
+    rows: &[PromptRow],
+    batch_size: usize,
+    step: u64,
+    shuffle: bool,
+    seed: u64,
+) -> Vec<PromptRow> {
+    if rows.is_empty() || batch_size == 0 {
+        return Vec::new();
+    }
+    let per_epoch = (rows.len() / batch_size).max(1) as u64;
+    let epoch = step / per_epoch;
+    let within = (step % per_epoch) as usize;
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    if shuffle {
+        let mut state = seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for i in (1..order.len()).rev() {
+            state = splitmix(state);
+            order.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+    }
+    order
+        .iter()
+        .cycle()
+        .skip(within * batch_size)
+        .take(batch_size)
+        .map(|&i| rows[i].clone())
+        .collect()
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A stable 64-bit seed from text (FNV-1a).
+pub fn seed_of(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

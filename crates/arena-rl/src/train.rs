@@ -1,0 +1,146 @@
+//! The training step's plug: [`TrainStep`], its input ([`TrainBatch`], built from exported trajectories and
+//! per-sample advantages by [`build_batch`]) and what it gives back ([`StepOutput`], [`NewWeights`]).
+//!
+//! The GRPO update itself lives in `trainer` (issue 8). The loop only needs this trait: a step takes one
+//! batch and may return new weights, in memory (swapped into the in-process policy) or on disk (loaded by
+//! `update_weights_from_disk` on the in-process policy or on every SGLang-protocol policy server);
+//! `save`/`load` write and read the step's own state inside a checkpoint directory the loop manages.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use reward_routing::{Group, RewardConfig};
+
+use crate::journal::{RolloutRecord, SampleKey};
+
+/// One trajectory with its sample's advantage: the unit the trainer consumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSample {
+    /// The rollout it came from.
+    pub key: SampleKey,
+    /// Prompt and output tokens, exactly as sampled.
+    pub token_ids: Vec<u32>,
+    /// 1 on sampled tokens (the ones the loss covers), 0 elsewhere.
+    pub loss_mask: Vec<u8>,
+    /// The sampling log-probability of each sampled token, 0 elsewhere.
+    pub logprobs: Vec<f32>,
+    /// The policy version that sampled each token, -1 elsewhere.
+    pub versions: Vec<i64>,
+    /// The sample's advantage, broadcast over its sampled tokens.
+    pub advantage: f64,
+    /// The sample's raw reward (before normalisation).
+    pub raw_reward: f64,
+}
+
+/// One training step's input.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainBatch {
+    /// The samples, group by group.
+    pub samples: Vec<TrainSample>,
+    /// How many samples (trajectories) each accepted group contributed, in order.
+    pub group_sizes: Vec<usize>,
+}
+
+impl TrainBatch {
+    /// Whether there is nothing to train on (every group was rejected).
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+}
+
+/// New weights for the inference engine.
+#[derive(Debug)]
+pub enum NewWeights {
+    /// The step did not change the weights.
+    Unchanged,
+    /// Weights in memory, swapped into the in-process policy.
+    InMemory(trainer::Weights),
+    /// A Hugging Face folder on a filesystem every policy server can read.
+    OnDisk(PathBuf),
+}
+
+/// What one step gives back.
+#[derive(Debug)]
+pub struct StepOutput {
+    /// Metrics to log under their own names (e.g. `train/loss`).
+    pub metrics: Vec<(String, f64)>,
+    /// The weights the next rollouts should use.
+    pub weights: NewWeights,
+}
+
+/// The training step the loop drives. Implementations run on a blocking thread.
+pub trait TrainStep: Send {
+    /// Takes one optimisation step on `batch` (step `step`, 0-based).
+    fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput>;
+    /// Saves the step's state (weights, optimiser) into `dir`, which exists and is empty.
+    fn save(&mut self, dir: &Path) -> Result<()>;
+    /// Restores the state saved by [`TrainStep::save`] in `dir`; returns the weights to install.
+    fn load(&mut self, dir: &Path) -> Result<NewWeights>;
+}
+
+/// The step used until `trainer` has a GRPO update: it changes no weight, so the loop's rollouts, routing,
+/// durability, metrics and checkpoints run end to end with a frozen policy. It says so once per run.
+#[derive(Debug, Default)]
+pub struct FrozenPolicy {
+    warned: bool,
+}
+
+impl TrainStep for FrozenPolicy {
+    fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput> {
+        if !self.warned {
+            tracing::warn!(
+                "the trainer has no GRPO step yet: weights stay frozen (rollouts, routing, metrics and \
+                 checkpoints still run)"
+            );
+            self.warned = true;
+        }
+        let tokens: usize = batch
+            .samples
+            .iter()
+            .map(|s| s.loss_mask.iter().filter(|&&m| m == 1).count())
+            .sum();
+        tracing::debug!(step, samples = batch.samples.len(), tokens, "frozen step");
+        Ok(StepOutput {
+            metrics: vec![("train/trained_tokens".to_string(), tokens as f64)],
+            weights: NewWeights::Unchanged,
+        })
+    }
+
+    fn save(&mut self, dir: &Path) -> Result<()> {
+        std::fs::write(dir.join("frozen_policy"), b"no trainable state\n")
+            .with_context(|| format!("cannot write {}", dir.display()))
+    }
+
+    fn load(&mut self, _dir: &Path) -> Result<NewWeights> {
+        Ok(NewWeights::Unchanged)
+    }
+}
+
+/// Turns a step's accepted groups into the trainer's input: advantages from `reward` (bias, scaling, clip,
+/// `actor.reward_norm`) over the whole batch, each broadcast to every trajectory of its sample.
+pub fn build_batch(reward: &RewardConfig, groups: &[(Group, &[RolloutRecord])]) -> Result<TrainBatch> {
+    let only_groups: Vec<Group> = groups.iter().map(|(g, _)| g.clone()).collect();
+    let advantages = reward.advantages(&only_groups).context("computing advantages")?;
+    let mut batch = TrainBatch::default();
+    for ((_, records), advantages) in groups.iter().zip(advantages) {
+        let before = batch.samples.len();
+        for a in advantages {
+            let Some(record) = records.get(a.index) else {
+                continue;
+            };
+            for t in &record.trajectories {
+                batch.samples.push(TrainSample {
+                    key: record.key,
+                    token_ids: t.token_ids.clone(),
+                    loss_mask: t.loss_mask.clone(),
+                    logprobs: t.logprobs.clone(),
+                    versions: t.versions.clone(),
+                    advantage: a.advantage,
+                    raw_reward: a.raw_reward,
+                });
+            }
+        }
+        batch.group_sizes.push(batch.samples.len() - before);
+    }
+    Ok(batch)
+}

@@ -1,0 +1,225 @@
+//! Kill -9 at random (seeded) points, then the same command again: the run resumes from its checkpoint and
+//! journal, loses no finished rollout, trains on none twice, and cleans up what the killed process left.
+//!
+//! The training run is this test binary itself, re-executed as a child process running [`child`] (the loop
+//! with the oracle engine and a recording training step), so the kill is a real SIGKILL of a real process.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Result;
+use arena_rl::journal::{Entry, SampleKey, Verdict};
+use arena_rl::run::{Plugins, train};
+use arena_rl::train::{NewWeights, StepOutput, TrainBatch, TrainStep};
+use arena_sim::{ArenaSim, World};
+
+use crate::support::{OracleEngine, config, env, model_folder};
+
+const STEPS: u64 = 4;
+
+/// Remembers which rollouts each step trained on; its checkpointed state is that list.
+struct Recording {
+    consumed: Vec<(u64, String)>,
+}
+
+impl TrainStep for Recording {
+    fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput> {
+        let keys: BTreeSet<String> = batch.samples.iter().map(|s| s.key.to_string()).collect();
+        self.consumed.extend(keys.into_iter().map(|k| (step, k)));
+        Ok(StepOutput {
+            metrics: vec![],
+            weights: NewWeights::Unchanged,
+        })
+    }
+
+    fn save(&mut self, dir: &Path) -> Result<()> {
+        std::fs::write(dir.join("consumed.json"), serde_json::to_vec(&self.consumed)?)?;
+        Ok(())
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<NewWeights> {
+        self.consumed = serde_json::from_slice(&std::fs::read(dir.join("consumed.json"))?)?;
+        Ok(NewWeights::Unchanged)
+    }
+}
+
+fn child_config(base: &str, root: &Path, model: &Path) -> stream_config::RunConfig {
+    config(
+        base,
+        root,
+        model,
+        &[
+            &format!("actor.total_train_steps={STEPS}"),
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=3",
+            "rollout.max_head_offpolicyness=1",
+            "checkpoint.save_every=1",
+            "checkpoint.keep_last=1",
+        ],
+    )
+}
+
+/// The child: runs the loop when the parent asks for it, otherwise does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn child() {
+    let (Ok(base), Ok(root)) = (
+        std::env::var("ARENA_RL_KILL_BASE"),
+        std::env::var("ARENA_RL_KILL_ROOT"),
+    ) else {
+        return;
+    };
+    let root = PathBuf::from(root);
+    let model = root.join("model");
+    let summary = train(
+        child_config(&base, &root, &model),
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 2).handle()),
+            step: Box::new(Recording { consumed: vec![] }),
+        },
+    )
+    .await
+    .unwrap();
+    println!("CHILD-DONE resumed_at={}", summary.resumed_at);
+}
+
+fn spawn_child(base: &str, root: &Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["kill_resume::child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("ARENA_RL_KILL_BASE", base)
+        .env("ARENA_RL_KILL_ROOT", root)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_twice() {
+    let mut world = World::quickstart();
+    world.token = "sim-token".into();
+    let sim = ArenaSim::start(world).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    model_folder(root.path());
+    let base = sim.base_url();
+    // Seeded kill points (ms after start), spread over setup, rollouts, training and checkpoints.
+    let mut seed = 0x5eed_u64;
+    let mut kills = Vec::new();
+    for _ in 0..4 {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        kills.push(300 + (seed >> 33) % 2500);
+    }
+    let mut killed = 0;
+    for ms in &kills {
+        let mut child = spawn_child(&base, root.path());
+        let deadline = std::time::Instant::now() + Duration::from_millis(*ms);
+        let mut finished = false;
+        while std::time::Instant::now() < deadline {
+            if child.try_wait().unwrap().is_some() {
+                finished = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !finished {
+            child.kill().unwrap(); // SIGKILL
+            killed += 1;
+        }
+        let _ = child.wait();
+    }
+    let out = tokio::task::spawn_blocking({
+        let base = base.clone();
+        let root = root.path().to_path_buf();
+        move || spawn_child(&base, &root).wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("CHILD-DONE"),
+        "final run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(killed > 0, "no kill landed before the run finished: {kills:?}");
+
+    let run_dir = root.path().join("quickstart/local");
+    // The journal: every finished rollout recorded once, never run again after a kill.
+    let journal = std::fs::read_to_string(run_dir.join("journal/journal-w0.jsonl")).unwrap();
+    let mut rollouts: BTreeMap<SampleKey, Verdict> = BTreeMap::new();
+    let mut open_routes = BTreeSet::new();
+    for line in journal.lines() {
+        match serde_json::from_str::<Entry>(line).unwrap() {
+            Entry::Rollout(r) => {
+                assert!(
+                    rollouts.insert(r.key, r.verdict).is_none(),
+                    "rollout {} was journaled twice: it was run again after being finished",
+                    r.key
+                );
+            }
+            Entry::Route { name } => {
+                open_routes.insert(name);
+            }
+            Entry::RouteDeleted { name } => {
+                open_routes.remove(&name);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        rollouts.len() as u64,
+        STEPS * 2 * 3,
+        "every rollout of every step finished once"
+    );
+    assert!(
+        open_routes.is_empty(),
+        "routes left open in the journal: {open_routes:?}"
+    );
+    assert_eq!(sim.counters().live_routes, 0, "no route leaked in Arena");
+
+    // The final checkpoint's lineage: each step once, each rollout at most once, only journaled rewards.
+    let ckpt = std::fs::read_dir(run_dir.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .unwrap();
+    let consumed: Vec<(u64, String)> =
+        serde_json::from_slice(&std::fs::read(ckpt.join("consumed.json")).unwrap()).unwrap();
+    let mut seen = BTreeSet::new();
+    for (step, key) in &consumed {
+        assert!(seen.insert(key.clone()), "rollout {key} was trained on twice");
+        assert!(
+            key.starts_with(&format!("s{step}g")),
+            "{key} trained at step {step}"
+        );
+        let k = rollouts
+            .iter()
+            .find(|(k, _)| k.to_string() == *key)
+            .unwrap_or_else(|| panic!("trained on {key}, which the journal does not hold"));
+        assert!(matches!(k.1, Verdict::Reward { .. }));
+    }
+    // Groups train whole: a sample of an accepted group never goes missing.
+    let mut per_group: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, key) in &consumed {
+        *per_group
+            .entry(key.split(':').next().unwrap().to_string())
+            .or_default() += 1;
+    }
+    for (group, n) in per_group {
+        let rewarded = rollouts
+            .iter()
+            .filter(|(k, v)| {
+                k.to_string().starts_with(&format!("{group}:")) && matches!(v, Verdict::Reward { .. })
+            })
+            .count();
+        assert_eq!(
+            n, rewarded,
+            "group {group} trained {n} of its {rewarded} rewarded samples"
+        );
+    }
+}

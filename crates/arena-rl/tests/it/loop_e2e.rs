@@ -1,0 +1,415 @@
+//! The loop end to end: arena-sim in-process (quickstart world), the real proxy on a socket, the real chat
+//! harness calling it through the sim's gateway, and an engine that answers the tasks.
+
+use std::path::Path;
+
+use arena_rl::observe::tfevents::read_events;
+use arena_rl::run::{Plugins, RunSummary, rollout_only, train};
+use arena_rl::train::FrozenPolicy;
+use arena_sim::{ArenaSim, Endpoint, FaultKind, FaultRule, RunnerDef, RunnerFault, World};
+use serde_json::Value;
+
+use crate::support::{OracleEngine, config, env, model_folder};
+
+fn world() -> World {
+    let mut w = World::quickstart();
+    w.token = "sim-token".into();
+    w
+}
+
+fn metrics_lines(summary: &RunSummary) -> Vec<Value> {
+    std::fs::read_to_string(summary.metrics_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn rollout(sim: &ArenaSim, root: &Path, extra: &[&str]) -> RunSummary {
+    let model = model_folder(root);
+    let mut all = vec![
+        "actor.total_train_steps=1",
+        "train_dataset.batch_size=1",
+        "gconfig.n_samples=1",
+    ];
+    all.extend_from_slice(extra);
+    let config = config(&sim.base_url(), root, &model, &all);
+    rollout_only(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loop_trains_on_the_sim_and_leaves_nothing_behind() {
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    let config = config(
+        &sim.base_url(),
+        root.path(),
+        &model,
+        &[
+            "actor.total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=4",
+            "rollout.max_head_offpolicyness=1",
+            "eval_every=2",
+            "valid_dataset={batch_size: 1}",
+        ],
+    );
+    let summary = train(
+        config,
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 3).handle()),
+            step: Box::new(FrozenPolicy::default()),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.steps_trained, 3);
+    let lines = metrics_lines(&summary);
+    assert_eq!(lines.len(), 3);
+    for (k, line) in lines.iter().enumerate() {
+        assert_eq!(line["step"], k as u64);
+        let reward = line["rollout/reward"]
+            .as_f64()
+            .expect("rollout/reward every step");
+        assert!((0.0..=1.0).contains(&reward), "{reward}");
+        assert_eq!(line["rollout/arena/session_gateway_route"], 1.0);
+        assert_eq!(line["rollout/arena/launch_success"], 1.0);
+        assert_eq!(line["policy/version"], (k + 1) as f64);
+    }
+    // Evaluation after step 1 (eval_every=2), recorded once under eval-rollout/ with the row's domain.
+    assert!(lines[1]["eval-rollout/reward"].is_number(), "{}", lines[1]);
+    assert!(lines[1]["eval-rollout/min/reward"].is_number(), "{}", lines[1]);
+    assert!(lines[0].get("eval-rollout/reward").is_none());
+    // Every group trained or was rejected with a counted reason.
+    let rejected: u64 = summary.rejected_groups.values().sum();
+    assert_eq!(
+        summary.accepted_groups + rejected,
+        6,
+        "{:?}",
+        summary.rejected_groups
+    );
+    assert!(summary.accepted_groups > 0);
+    // TensorBoard reads the same scalars.
+    let tb_dir = summary.metrics_dir.join("tensorboard");
+    let file = std::fs::read_dir(&tb_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let events = read_events(&file).unwrap();
+    let tb_rewards: Vec<(i64, f32)> = events
+        .iter()
+        .flat_map(|e| {
+            e.scalars
+                .iter()
+                .filter(|(t, _)| t == "rollout/reward")
+                .map(move |(_, v)| (e.step, *v))
+        })
+        .collect();
+    assert_eq!(tb_rewards.len(), 3);
+    for (k, line) in lines.iter().enumerate() {
+        assert_eq!(tb_rewards[k].0, k as i64);
+        assert!((f64::from(tb_rewards[k].1) - line["rollout/reward"].as_f64().unwrap()).abs() < 1e-6);
+    }
+    let png = summary.reward_curve.clone().unwrap();
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    let saved = std::fs::read_to_string(summary.run_dir.join("config.yaml")).unwrap();
+    assert!(saved.contains("experiment_name: quickstart"));
+    assert!(summary.checkpoint.as_ref().unwrap().join("meta.json").exists());
+    // Audit shards as reward-routing writes them.
+    let audit = summary.run_dir.join("arena_results");
+    let shards: Vec<_> = std::fs::read_dir(&audit).unwrap().flatten().collect();
+    assert!(!shards.is_empty());
+    // Nothing leaked: no route left in Arena.
+    let c = sim.counters();
+    assert_eq!(c.live_routes, 0, "{c:?}");
+    assert_eq!(c.registrations, 1, "one session-gateway route for the whole run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn injected_faults_end_in_trained_or_counted_groups_and_nothing_leaks() {
+    let mut w = world();
+    w.seed = 7;
+    if let Some(RunnerDef::Chat(def)) = w.runners.get_mut("chat-sim") {
+        def.faults = vec![
+            RunnerFault {
+                status: "HARNESS_FAILED".into(),
+                probability: 0.1,
+            },
+            RunnerFault {
+                status: "EVAL_FAILED".into(),
+                probability: 0.05,
+            },
+        ];
+    }
+    w.faults = vec![
+        FaultRule::on(Endpoint::TaskResult, FaultKind::Status(429)).probability(0.2),
+        FaultRule::on(Endpoint::TaskResult, FaultKind::Status(503)).probability(0.1),
+        FaultRule::on(Endpoint::LaunchOneTask, FaultKind::Drop).probability(0.1),
+        FaultRule::on(Endpoint::GatewayChat, FaultKind::Status(502)).probability(0.05),
+        FaultRule::on(Endpoint::LaunchOneTask, FaultKind::GcRoute).probability(0.15),
+    ];
+    let sim = ArenaSim::start(w).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    let config = config(
+        &sim.base_url(),
+        root.path(),
+        &model,
+        &[
+            "actor.total_train_steps=3",
+            "train_dataset.batch_size=3",
+            "gconfig.n_samples=3",
+            "econfig.arena_request_retries=2",
+            "econfig.arena_registration_probe_interval=0.01",
+        ],
+    );
+    let summary = train(
+        config,
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 2).handle()),
+            step: Box::new(FrozenPolicy::default()),
+        },
+    )
+    .await
+    .unwrap();
+    let rejected: u64 = summary.rejected_groups.values().sum();
+    assert_eq!(
+        summary.accepted_groups + rejected,
+        9,
+        "{:?}",
+        summary.rejected_groups
+    );
+    let c = sim.counters();
+    assert!(c.faults.values().sum::<u64>() > 0, "{c:?}");
+    assert_eq!(c.live_routes, 0, "{c:?}");
+    // Every rejection is counted in the metrics under its reason.
+    let lines = metrics_lines(&summary);
+    let counted: f64 = lines
+        .iter()
+        .flat_map(|l| l.as_object().unwrap().iter())
+        .filter(|(k, _)| k.starts_with("rollout/group_rejected/"))
+        .map(|(_, v)| v.as_f64().unwrap())
+        .sum();
+    assert_eq!(counted as u64, rejected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_mode_end_to_end_8_1_21() {
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let summary = rollout(&sim, root.path(), &["econfig.arena_llm_route_mode=gateway"]).await;
+    let line = &metrics_lines(&summary)[0];
+    for m in [
+        "registration_success",
+        "launch_success",
+        "terminal_success",
+        "call_success",
+        "cleanup_success",
+        "result_processing_success",
+    ] {
+        assert_eq!(line[format!("rollout/arena/{m}")], 1.0, "{m}: {line}");
+    }
+    assert_eq!(line["rollout/reward"], 1.0, "{line}");
+    let launch = &sim.requests_to(Endpoint::LaunchOneTask)[0];
+    let body: Value = launch.body.clone().unwrap();
+    assert_eq!(body["base_url"], sim.gateway_url());
+    assert_eq!(body["api_key"], "sim-llm-key");
+    assert_eq!(body["harness"], "chat-sim@1");
+    assert!(body["model_name"].as_str().unwrap().starts_with("stream-areal-"));
+    let c = sim.counters();
+    assert_eq!((c.registrations, c.deletions, c.live_routes), (1, 1, 0));
+    let out = std::fs::read_to_string(summary.run_dir.join("rollouts.jsonl")).unwrap();
+    let rec: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(rec["verdict"]["kind"], "reward");
+    assert!(!rec["trajectories"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_registration_response_deletes_the_name_8_1_33() {
+    let mut w = world();
+    w.faults = vec![FaultRule::on(Endpoint::RegisterModel, FaultKind::Drop).times(1)];
+    let sim = ArenaSim::start(w).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let summary = rollout(
+        &sim,
+        root.path(),
+        &[
+            "econfig.arena_llm_route_mode=gateway",
+            "econfig.arena_request_retries=0",
+            "econfig.arena_registration_timeout=2",
+        ],
+    )
+    .await;
+    let line = &metrics_lines(&summary)[0];
+    assert_eq!(line["rollout/arena/registration_success"], 0.0, "{line}");
+    assert_eq!(line["rollout/arena/cleanup_success"], 1.0, "{line}");
+    assert_eq!(sim.requests_to(Endpoint::DeleteModel).len(), 1);
+    assert_eq!(sim.requests_to(Endpoint::LaunchOneTask).len(), 0);
+    assert_eq!(sim.counters().live_routes, 0);
+    assert_eq!(
+        summary.rejected_groups.get("sample_arena_error"),
+        Some(&1),
+        "{:?}",
+        summary.rejected_groups
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_failed_is_a_typed_failure_8_1_54() {
+    let mut w = world();
+    if let Some(RunnerDef::Chat(def)) = w.runners.get_mut("chat-sim") {
+        def.faults = vec![RunnerFault {
+            status: "COLLECT_FAILED".into(),
+            probability: 1.0,
+        }];
+    }
+    let sim = ArenaSim::start(w).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let summary = rollout(&sim, root.path(), &["econfig.arena_llm_route_mode=gateway"]).await;
+    let line = &metrics_lines(&summary)[0];
+    for (m, v) in [
+        ("call_success", 0.0),
+        ("terminal_success", 0.0),
+        ("registration_success", 1.0),
+        ("launch_success", 1.0),
+        ("cleanup_success", 1.0),
+    ] {
+        assert_eq!(line[format!("rollout/arena/{m}")], v, "{m}: {line}");
+    }
+    assert_eq!(
+        summary.rejected_groups.get("sample_system_failure"),
+        Some(&1),
+        "{:?}",
+        summary.rejected_groups
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_failure_survives_a_cleanup_failure_8_1_56() {
+    let mut w = world();
+    w.faults = vec![
+        FaultRule::on(Endpoint::RegisterModel, FaultKind::Status(500)),
+        FaultRule::on(Endpoint::DeleteModel, FaultKind::Status(500)),
+    ];
+    let sim = ArenaSim::start(w).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let summary = rollout(
+        &sim,
+        root.path(),
+        &[
+            "econfig.arena_llm_route_mode=gateway",
+            "econfig.arena_request_retries=0",
+        ],
+    )
+    .await;
+    let line = &metrics_lines(&summary)[0];
+    assert_eq!(line["rollout/arena/registration_success"], 0.0, "{line}");
+    assert_eq!(line["rollout/arena/cleanup_success"], 0.0, "{line}");
+    assert_eq!(
+        sim.requests_to(Endpoint::DeleteModel).len(),
+        1,
+        "cleanup attempted once"
+    );
+    let out = std::fs::read_to_string(summary.run_dir.join("rollouts.jsonl")).unwrap();
+    let rec: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert!(
+        rec["verdict"]["message"].as_str().unwrap().contains("500"),
+        "the registration error survives: {rec}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_failure_keeps_a_valid_reward_8_1_57() {
+    let mut w = world();
+    w.faults = vec![FaultRule::on(Endpoint::DeleteModel, FaultKind::Status(500))];
+    let sim = ArenaSim::start(w).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let summary = rollout(
+        &sim,
+        root.path(),
+        &[
+            "econfig.arena_llm_route_mode=gateway",
+            "econfig.arena_request_retries=0",
+        ],
+    )
+    .await;
+    let line = &metrics_lines(&summary)[0];
+    assert_eq!(line["rollout/arena/cleanup_success"], 0.0, "{line}");
+    assert_eq!(line["rollout/reward"], 1.0, "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_route_through_their_stream_and_audit_0600_8_2_21() {
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let summary = rollout(
+        &sim,
+        root.path(),
+        &[
+            "econfig.arena_streams=[{name: b, stream_id: sim-chat, harness: chat-sim@1, task_envs: {MY_FLAG: \"on\"}, reward_threshold: 0.98, reward_transform_fn: astra_partial_reward, expected_reward_ref: {key: sim-grader, version: \"1\"}}]",
+        ],
+    )
+    .await;
+    let launch = &sim.requests_to(Endpoint::LaunchOneTask)[0];
+    let body: Value = launch.body.clone().unwrap();
+    assert_eq!(body["envs"]["MY_FLAG"], "on");
+    assert_eq!(body["harness"], "chat-sim@1");
+    // The live reward-ref check before the launch.
+    assert!(!sim.requests_to(Endpoint::GetStream).is_empty());
+    let line = &metrics_lines(&summary)[0];
+    assert_eq!(line["rollout/arena/reward_ref_validation_success"], 1.0, "{line}");
+    assert_eq!(line["rollout/stream/b/training_score"], 1.0, "{line}");
+    let audit = summary.run_dir.join("arena_results");
+    let shard = std::fs::read_dir(&audit).unwrap().next().unwrap().unwrap().path();
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&shard).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let record: Value =
+        serde_json::from_str(std::fs::read_to_string(&shard).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(record["arena_stream_name"], "b");
+    assert_eq!(record["expected_reward_ref"]["key"], "sim-grader");
+    assert_eq!(record["training_score"], 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_reward_ref_drift_rejects_before_launch_8_2_23() {
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    let config = config(
+        &sim.base_url(),
+        root.path(),
+        &model,
+        &[
+            "actor.total_train_steps=1",
+            "train_dataset.batch_size=1",
+            "gconfig.n_samples=1",
+        ],
+    );
+    let run = arena_rl::run::setup(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
+        .await
+        .unwrap();
+    // The grader rolls out after the rows were loaded.
+    sim.set_reward_ref("sim-chat", Some(arena_sim::RefDef::new("sim-grader", "2")));
+    let collected = run
+        .collect(0, reward_routing::Scope::Rollout, &Default::default())
+        .await;
+    let record = &collected.groups[0].records[0];
+    match &record.verdict {
+        arena_rl::journal::Verdict::Rejected { message, .. } => {
+            assert!(message.contains("drifted before launch"), "{message}")
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty());
+    run.workflow.close().await;
+}

@@ -1,0 +1,171 @@
+//! Shared pieces of the loop tests: a model folder with a tool-aware chat template, an engine that answers
+//! the sim's tasks like a policy that knows the task format, and a quickstart config pointed at a sim.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arena_rl::run::EngineHandle;
+use rollout_proxy::{
+    EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
+    tokenizer::Tokenizer,
+};
+use stream_config::{Env, RunConfig};
+
+/// The SmolLM2 fixture folder (`ARENA_RL_SMOLLM2`), for its tokenizer.
+pub(crate) fn smollm2() -> PathBuf {
+    std::env::var_os("ARENA_RL_SMOLLM2").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("ARENA_RL_SMOLLM2 is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first")
+    })
+}
+
+/// ChatML with Hermes tool calls and tool responses.
+const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+{% if m.content %}{{ m.content }}{% endif %}\
+{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}</tool_call>{% endfor %}{% endif %}\
+<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// A model folder in `dir`: SmolLM2's tokenizer, a tool-aware template, and a `config.json`.
+pub(crate) fn model_folder(dir: &Path) -> PathBuf {
+    let src = smollm2();
+    let out = dir.join("model");
+    std::fs::create_dir_all(&out).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+        std::fs::copy(src.join(f), out.join(f)).unwrap();
+    }
+    std::fs::write(out.join("chat_template.jinja"), TEMPLATE).unwrap();
+    out
+}
+
+/// Answers like a policy that knows the task: first a `lookup` of the key in the prompt, then a digit once the
+/// tool has answered. Every `wrong_every`-th answer is off by two, so groups have mixed rewards.
+pub(crate) struct OracleEngine {
+    tokenizer: Tokenizer,
+    stop: u32,
+    calls: AtomicU64,
+    wrong_every: u64,
+    version: AtomicU64,
+}
+
+impl OracleEngine {
+    pub(crate) fn new(model: &Path, wrong_every: u64) -> Self {
+        let tokenizer = Tokenizer::from_model_dir(model).unwrap();
+        let stop = tokenizer.token_to_id("<|im_end|>").unwrap();
+        Self {
+            tokenizer,
+            stop,
+            calls: AtomicU64::new(0),
+            wrong_every,
+            version: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn handle(self) -> EngineHandle {
+        EngineHandle {
+            engine: Arc::new(self),
+            policy: None,
+        }
+    }
+
+    fn answer(&self, prompt: &str) -> String {
+        let last_user = prompt.rfind("digit under key ").map_or("", |i| &prompt[i..]);
+        let key: String = last_user
+            .trim_start_matches("digit under key ")
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let tool = prompt.rfind("<|im_start|>tool\n").map(|i| &prompt[i + 17..]);
+        match tool {
+            None => format!(
+                "<tool_call>{{\"name\": \"lookup\", \"arguments\": {{\"key\": \"{key}\"}}}}</tool_call>"
+            ),
+            Some(rest) => {
+                let digits: Vec<u8> = rest
+                    .split("<|im_end|>")
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .filter_map(|d| d.parse().ok())
+                    .collect();
+                let largest = prompt.contains("largest digit");
+                let target = if largest {
+                    digits.iter().max()
+                } else {
+                    digits.iter().min()
+                }
+                .copied()
+                .unwrap_or(0);
+                let n = self.calls.fetch_add(1, Ordering::Relaxed);
+                let answer = if self.wrong_every > 0 && n.is_multiple_of(self.wrong_every) {
+                    (target + 2) % 10
+                } else {
+                    target
+                };
+                answer.to_string()
+            }
+        }
+    }
+}
+
+impl InferenceEngine for OracleEngine {
+    fn generate(&self, request: GenerateRequest) -> TokenStream {
+        let prompt = self
+            .tokenizer
+            .decode(&request.input_ids, false)
+            .unwrap_or_default();
+        let mut ids = self.tokenizer.encode(&self.answer(&prompt)).unwrap();
+        ids.push(self.stop);
+        ids.truncate(request.sampling.max_new_tokens as usize);
+        let version = self.version.load(Ordering::Relaxed) as u32;
+        let stopped = ids.last() == Some(&self.stop);
+        let mut events: Vec<_> = ids
+            .into_iter()
+            .map(|id| {
+                Ok(EngineEvent::Token(SampledToken {
+                    id,
+                    logprob: -0.5,
+                    version,
+                }))
+            })
+            .collect();
+        events.push(Ok(EngineEvent::Finished(if stopped {
+            FinishReason::Stop {
+                matched: Some(self.stop),
+            }
+        } else {
+            FinishReason::Length
+        })));
+        Box::pin(futures::stream::iter(events))
+    }
+
+    fn max_context_len(&self) -> usize {
+        4096
+    }
+}
+
+/// The quickstart config against the sim at `base`, writing under `root`, Chat Completions stream only
+/// (overrides first, then `extra`).
+pub(crate) fn config(base: &str, root: &Path, model: &Path, extra: &[&str]) -> RunConfig {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/quickstart.yaml"),
+    )
+    .unwrap();
+    let mut overrides: Vec<String> = vec![
+        format!("econfig.arena_base_url={base}"),
+        format!("cluster.fileroot={}", root.display()),
+        format!("model.path={}", model.display()),
+        "metrics.progress=false".to_string(),
+        "econfig.arena_streams=[{name: sim-chat, stream_id: sim-chat, harness: chat-sim@1, llm_protocol: chat_completions, expected_reward_ref: {key: sim-grader, version: \"1\"}}]".to_string(),
+        "econfig.arena_poll_interval=0.05".to_string(),
+    ];
+    overrides.extend(extra.iter().map(|s| (*s).to_string()));
+    stream_config::load_run_config_str("quickstart.yaml", &text, &overrides, &env()).unwrap()
+}
+
+/// The credentials a run reads.
+pub(crate) fn env() -> Env {
+    Env::from_pairs([
+        ("ARENA_OPENAPI_TOKEN", "sim-token"),
+        ("ARENA_LLM_API_KEY", "sim-llm-key"),
+    ])
+}
