@@ -270,29 +270,20 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
 
     let stream_configs = stream_config::load_stream_configs_with_env(&config.econfig, env)?;
     let transforms = TransformRegistry::with_builtins();
-    let all = resolve_streams(&client, &stream_configs, &transforms)
-        .await
-        .map_err(|e| unreachable_or(e, base))?;
-    let (healthy, unhealthy): (Vec<ResolvedStream>, Vec<ResolvedStream>) = {
-        let mut ok = Vec::new();
-        let mut bad = Vec::new();
-        for s in all {
-            let info = client.get_stream(&s.config.stream_id).await?;
-            if info.status.as_deref().is_none_or(|st| st == "ACTIVE") {
-                ok.push(s);
-            } else {
-                tracing::warn!(stream = %s.config.name, status = ?info.status, "stream is not ACTIVE; skipped");
-                bad.push(s);
+    let mut healthy: Vec<ResolvedStream> = Vec::new();
+    let mut unhealthy: Vec<String> = Vec::new();
+    for s in &stream_configs {
+        match resolve_streams(&client, std::slice::from_ref(s), &transforms).await {
+            Ok(resolved) => healthy.extend(resolved),
+            Err(e) if is_unhealthy(&e) => {
+                tracing::warn!(stream = %s.name, error = %format!("{e:#}"), "stream skipped");
+                unhealthy.push(format!("{} ({})", s.name, root_message(&e)));
             }
+            Err(e) => return Err(unreachable_or(e, base)),
         }
-        (ok, bad)
-    };
+    }
     if healthy.is_empty() {
-        let names: Vec<&str> = unhealthy.iter().map(|s| s.config.name.as_str()).collect();
-        bail!(
-            "every stream is unhealthy (not ACTIVE in Arena): {}",
-            names.join(", ")
-        );
+        bail!("every stream is unhealthy: {}", unhealthy.join("; "));
     }
     let batch_size = config.train_dataset.batch_size as usize;
     let rows = load_rows(
@@ -449,6 +440,20 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         reward,
         cleaned,
     })
+}
+
+/// Arena refused the stream (not ACTIVE, an incomplete reward ref): the stream is unhealthy, not the run.
+fn is_unhealthy(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<arena_client::Error>(),
+            Some(arena_client::Error::Rejected(_))
+        )
+    })
+}
+
+fn root_message(e: &anyhow::Error) -> String {
+    e.root_cause().to_string()
 }
 
 fn unreachable_or(e: anyhow::Error, base: &str) -> anyhow::Error {

@@ -1,6 +1,7 @@
 //! The `arena-rl` binary, run as a user runs it.
 
 mod config;
+mod errors;
 mod kill_resume;
 mod loop_e2e;
 mod model;

@@ -1,0 +1,103 @@
+//! Setup failures are one clear line each, and nothing already journaled is lost.
+
+use arena_rl::journal::{Entry, Journal};
+use arena_rl::run::{Plugins, train};
+use arena_rl::train::FrozenPolicy;
+use arena_sim::{ArenaSim, World};
+
+use crate::support::{OracleEngine, config, env, model_folder};
+
+async fn failure(base: &str, root: &std::path::Path, extra: &[&str]) -> String {
+    let model = model_folder(root);
+    let config = config(base, root, &model, extra);
+    let err = train(
+        config,
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 0).handle()),
+            step: Box::new(FrozenPolicy::default()),
+        },
+    )
+    .await
+    .expect_err("the run fails");
+    let line = format!("{err:#}");
+    assert!(!line.contains('\n'), "one line: {line}");
+    line
+}
+
+fn sim_world() -> World {
+    let mut w = World::quickstart();
+    w.token = "sim-token".into();
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_arena_keeps_the_journal() {
+    let root = tempfile::tempdir().unwrap();
+    let journal = root.path().join("quickstart/local/journal/journal-w0.jsonl");
+    let (j, _) = Journal::open(&journal).unwrap();
+    j.append(&Entry::Step { step: 0, version: 1 }).unwrap();
+    drop(j);
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let line = failure(
+        &format!("http://{free}"),
+        root.path(),
+        &["econfig.arena_request_retries=0"],
+    )
+    .await;
+    assert!(
+        line.contains(&format!("cannot reach Arena at http://{free}")),
+        "{line}"
+    );
+    let (_, state) = Journal::open(&journal).unwrap();
+    assert_eq!(state.last_step, Some(0), "the journal survives");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stream_unhealthy() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    sim.set_stream_status("sim-chat", Some("PAUSED"));
+    let root = tempfile::tempdir().unwrap();
+    let line = failure(&sim.base_url(), root.path(), &[]).await;
+    assert!(
+        line.contains("every stream is unhealthy: sim-chat (stream sim-chat is PAUSED, not ACTIVE)"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_port_taken() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let root = tempfile::tempdir().unwrap();
+    let line = failure(&sim.base_url(), root.path(), &[&format!("proxy.port={port}")]).await;
+    assert!(
+        line.contains(&format!(
+            "cannot start the rollout proxy on 127.0.0.1:{port} (proxy.host, proxy.port)"
+        )),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_from_another_model() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let ckpt = root.path().join("quickstart/local/checkpoints/step-00000003");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    std::fs::write(
+        ckpt.join("meta.json"),
+        r#"{"steps": 3, "version": 3, "model_path": "/models/other", "model_fingerprint": "0000000000000001"}"#,
+    )
+    .unwrap();
+    let line = failure(&sim.base_url(), root.path(), &[]).await;
+    assert!(
+        line.contains("was saved from another model (/models/other) than model.path"),
+        "{line}"
+    );
+    assert_eq!(sim.counters().live_routes, 0);
+}
