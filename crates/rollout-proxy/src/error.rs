@@ -166,6 +166,10 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// The protocol whose error body to answer with.
     pub protocol: Protocol,
+    /// OpenAI's `code`, when it is more specific than the kind's.
+    code: Option<&'static str>,
+    /// For a context overflow: the prompt's tokens and the context window.
+    overflow: Option<(usize, usize)>,
 }
 
 impl ApiError {
@@ -177,6 +181,8 @@ impl ApiError {
             param: None,
             retry_after: None,
             protocol: Protocol::OpenAi,
+            code: None,
+            overflow: None,
         }
     }
 
@@ -207,6 +213,19 @@ impl ApiError {
         self
     }
 
+    /// Sets OpenAI's error `code` (for instance `previous_response_not_found`).
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// Records, for a context overflow, the prompt's length and the context window, so that each protocol
+    /// can phrase it as its clients expect (Anthropic: `prompt is too long: N tokens > M maximum`).
+    pub fn with_context_len(mut self, prompt: usize, max: usize) -> Self {
+        self.overflow = Some((prompt, max));
+        self
+    }
+
     /// Answers in `protocol`'s error format.
     pub fn in_protocol(mut self, protocol: Protocol) -> Self {
         self.protocol = protocol;
@@ -217,17 +236,30 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         match self.protocol {
             Protocol::OpenAi => {
-                let code = match self.kind {
+                let code = self.code.or(match self.kind {
                     ApiErrorKind::ContextLengthExceeded => Some("context_length_exceeded"),
                     ApiErrorKind::RateLimited => Some("rate_limit_exceeded"),
                     _ => None,
-                };
+                });
                 json!({"error": {
                     "message": self.message,
                     "type": self.kind.openai_type(),
                     "param": self.param,
                     "code": code,
                 }})
+            }
+            Protocol::Anthropic if self.kind == ApiErrorKind::ContextLengthExceeded => {
+                // Anthropic's own phrasing (which Claude Code recognises), plus the reference's structured
+                // detail for callers that look for `context_length_exceeded`.
+                let message = match self.overflow {
+                    Some((prompt, max)) => format!("prompt is too long: {prompt} tokens > {max} maximum"),
+                    None => self.message.clone(),
+                };
+                json!({
+                    "type": "error",
+                    "error": {"type": self.kind.anthropic_type(), "message": message},
+                    "detail": {"type": "context_length_exceeded", "message": self.message},
+                })
             }
             Protocol::Anthropic => json!({
                 "type": "error",
@@ -239,8 +271,10 @@ impl ApiError {
     /// Turns an engine failure into an API error: context overflow is the client's, everything else ours.
     pub fn from_engine(err: &EngineError) -> Self {
         match err {
-            EngineError::ContextLengthExceeded { .. } => {
-                Self::new(ApiErrorKind::ContextLengthExceeded, err.to_string()).with_param("messages")
+            EngineError::ContextLengthExceeded { prompt, max } => {
+                Self::new(ApiErrorKind::ContextLengthExceeded, err.to_string())
+                    .with_param("messages")
+                    .with_context_len(*prompt, *max)
             }
             EngineError::InvalidRequest(_) => Self::invalid(err.to_string()),
             EngineError::Upstream { .. } | EngineError::Transport(_) | EngineError::Protocol(_) => {

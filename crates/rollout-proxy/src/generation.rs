@@ -110,6 +110,37 @@ pub struct Summary {
     pub reasoning: String,
     /// All tool calls.
     pub tool_calls: Vec<ToolCallOut>,
+    /// The stop string that ended the output, when one did.
+    pub stop_sequence: Option<String>,
+}
+
+impl Summary {
+    /// The assistant message this output stands for, in the core's form (see [`output_message`]).
+    pub fn message(&self) -> Value {
+        output_message(&self.content, &self.reasoning, &self.tool_calls)
+    }
+}
+
+/// The assistant message of an output in the core's (OpenAI) form: `content`, `reasoning_content` when
+/// there is reasoning, and `tool_calls` with their ids. A later request extends the interaction when it
+/// repeats a message with the same [`message_key`] (reasoning and ids do not count).
+pub fn output_message(content: &str, reasoning: &str, tool_calls: &[ToolCallOut]) -> Value {
+    let mut message = Map::new();
+    message.insert("role".into(), Value::String("assistant".into()));
+    message.insert("content".into(), Value::String(content.to_string()));
+    if !reasoning.is_empty() {
+        message.insert("reasoning_content".into(), Value::String(reasoning.to_string()));
+    }
+    if !tool_calls.is_empty() {
+        let calls = tool_calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        message.insert("tool_calls".into(), Value::Array(calls));
+    }
+    Value::Object(message)
 }
 
 /// One step of a generation: events, and possibly its end.
@@ -223,6 +254,29 @@ fn apply_defaults(input: &mut GenerationInput, defaults: &Map<String, Value>) {
     }
 }
 
+/// A request's prompt in its session.
+struct Prompt {
+    tokens: Vec<u32>,
+    /// Where the tokens this request adds begin (after the parent's sequence).
+    delta_start: usize,
+    parent: Option<u32>,
+    input_key: u64,
+    images: Vec<Value>,
+    starts_in_reasoning: bool,
+}
+
+/// How many tokens the prompt of `input` has in `session`, computed exactly as a generation would (the
+/// parent's tokens plus the rendering of the new messages), without admitting anything.
+pub fn count_prompt_tokens(
+    state: &ProxyState,
+    session: &Arc<str>,
+    mut input: GenerationInput,
+) -> Result<usize, ApiError> {
+    Ok(build_prompt(state, session, &mut input, Instant::now())?
+        .tokens
+        .len())
+}
+
 /// Builds the prompt for `input` in `session` and admits it. `id_prefix` is the protocol's id prefix
 /// (`chatcmpl-`, `msg_`, `resp_`).
 pub fn prepare(
@@ -233,6 +287,87 @@ pub fn prepare(
 ) -> Result<Prepared, ApiError> {
     let shared = state.shared();
     let now = Instant::now();
+    let Prompt {
+        tokens: prompt,
+        delta_start,
+        parent: parent_index,
+        input_key,
+        images,
+        starts_in_reasoning,
+    } = build_prompt(state, session, &mut input, now)?;
+    let model = &shared.model;
+    let max_ctx = shared.engine.max_context_len();
+    if prompt.len() >= max_ctx {
+        let message = format!(
+            "this model's maximum context length is {max_ctx} tokens, but the prompt has {} tokens",
+            prompt.len()
+        );
+        if let Ok(s) = state.store().get_mut(session) {
+            s.context_overflow.get_or_insert_with(|| message.clone());
+        }
+        return Err(ApiError::new(ApiErrorKind::ContextLengthExceeded, message)
+            .with_param("messages")
+            .with_context_len(prompt.len(), max_ctx));
+    }
+    let remaining = u32::try_from(max_ctx - prompt.len()).unwrap_or(u32::MAX);
+    let max_new = match input.max_tokens {
+        Some(0) => return Err(ApiError::invalid("max_tokens must be at least 1").with_param("max_tokens")),
+        Some(n) => n.min(remaining),
+        None => shared
+            .config
+            .default_max_new_tokens
+            .unwrap_or(remaining)
+            .min(remaining),
+    };
+    if let Some(t) = input.temperature
+        && !(t.is_finite() && t >= 0.0)
+    {
+        return Err(ApiError::invalid("temperature must be a non-negative number").with_param("temperature"));
+    }
+    if let Some(p) = input.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(ApiError::invalid("top_p must be in (0, 1]").with_param("top_p"));
+    }
+    let reserved = (prompt.len() - delta_start) as u64 + u64::from(max_new);
+    state.store().admit(session, reserved, now)?;
+    let created = unix_now();
+    Ok(Prepared {
+        state: state.clone(),
+        session: session.clone(),
+        id: format!("{id_prefix}{}", crate::auth::random_hex(12)),
+        created,
+        prompt: prompt.into(),
+        delta_start,
+        parent: parent_index,
+        input_key,
+        sampling: SamplingParams {
+            temperature: input.temperature.unwrap_or(1.0),
+            top_p: input.top_p.unwrap_or(1.0),
+            top_k: input.top_k,
+            max_new_tokens: max_new,
+            stop_token_ids: model.stop_token_ids.clone(),
+            seed: input.seed,
+        },
+        stop: input.stop,
+        images,
+        tools: input.tools,
+        parse_tools: input.parse_tools,
+        starts_in_reasoning,
+        reserved,
+        admitted: true,
+    })
+}
+
+/// Finds the parent, renders and tokenises: the parent's exact tokens followed by the rendering of only
+/// the new messages (the whole conversation when there is no parent).
+fn build_prompt(
+    state: &ProxyState,
+    session: &Arc<str>,
+    input: &mut GenerationInput,
+    now: Instant,
+) -> Result<Prompt, ApiError> {
+    let shared = state.shared();
     if input.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty").with_param("messages"));
     }
@@ -261,7 +396,7 @@ pub fn prepare(
             s.trajectory.find_parent(&chain_keys),
         )
     };
-    apply_defaults(&mut input, &defaults);
+    apply_defaults(input, &defaults);
 
     let model = &shared.model;
     let messages = for_template(&input.messages);
@@ -314,65 +449,13 @@ pub fn prepare(
         }
         None => (encode(&full)?, 0),
     };
-    let max_ctx = shared.engine.max_context_len();
-    if prompt.len() >= max_ctx {
-        let message = format!(
-            "this model's maximum context length is {max_ctx} tokens, but the prompt has {} tokens",
-            prompt.len()
-        );
-        if let Ok(s) = state.store().get_mut(session) {
-            s.context_overflow.get_or_insert_with(|| message.clone());
-        }
-        return Err(ApiError::new(ApiErrorKind::ContextLengthExceeded, message).with_param("messages"));
-    }
-    let remaining = u32::try_from(max_ctx - prompt.len()).unwrap_or(u32::MAX);
-    let max_new = match input.max_tokens {
-        Some(0) => return Err(ApiError::invalid("max_tokens must be at least 1").with_param("max_tokens")),
-        Some(n) => n.min(remaining),
-        None => shared
-            .config
-            .default_max_new_tokens
-            .unwrap_or(remaining)
-            .min(remaining),
-    };
-    if let Some(t) = input.temperature
-        && !(t.is_finite() && t >= 0.0)
-    {
-        return Err(ApiError::invalid("temperature must be a non-negative number").with_param("temperature"));
-    }
-    if let Some(p) = input.top_p
-        && !(p > 0.0 && p <= 1.0)
-    {
-        return Err(ApiError::invalid("top_p must be in (0, 1]").with_param("top_p"));
-    }
-    let reserved = (prompt.len() - delta_start) as u64 + u64::from(max_new);
-    state.store().admit(session, reserved, now)?;
-    let starts_in_reasoning = full.trim_end().ends_with("<think>");
-    let created = unix_now();
-    Ok(Prepared {
-        state: state.clone(),
-        session: session.clone(),
-        id: format!("{id_prefix}{}", crate::auth::random_hex(12)),
-        created,
-        prompt: prompt.into(),
+    Ok(Prompt {
+        tokens: prompt,
         delta_start,
         parent: parent_index,
         input_key,
-        sampling: SamplingParams {
-            temperature: input.temperature.unwrap_or(1.0),
-            top_p: input.top_p.unwrap_or(1.0),
-            top_k: input.top_k,
-            max_new_tokens: max_new,
-            stop_token_ids: model.stop_token_ids.clone(),
-            seed: input.seed,
-        },
-        stop: input.stop,
         images,
-        tools: input.tools,
-        parse_tools: input.parse_tools,
-        starts_in_reasoning,
-        reserved,
-        admitted: true,
+        starts_in_reasoning: full.trim_end().ends_with("<think>"),
     })
 }
 
@@ -617,18 +700,7 @@ impl Generation {
                 .filter(|id| model.stop_token_ids.contains(id)),
             _ => None,
         };
-        let output_message = json!({
-            "role": "assistant",
-            "content": self.content,
-            "tool_calls": self.tool_calls.iter().map(|c| json!({
-                "function": {"name": c.name, "arguments": c.arguments}
-            })).collect::<Vec<_>>(),
-        });
-        let output_message = if self.tool_calls.is_empty() {
-            json!({"role": "assistant", "content": self.content})
-        } else {
-            output_message
-        };
+        let output_message = output_message(&self.content, "", &self.tool_calls);
         let p = &self.prepared;
         let interaction = Interaction {
             id: p.id.clone().into_boxed_str(),
@@ -667,6 +739,7 @@ impl Generation {
             content: std::mem::take(&mut self.content),
             reasoning: std::mem::take(&mut self.reasoning),
             tool_calls: std::mem::take(&mut self.tool_calls),
+            stop_sequence: self.stop.matched().map(str::to_string),
         })
     }
 }

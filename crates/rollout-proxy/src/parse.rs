@@ -331,6 +331,7 @@ fn parse_qwen3_coder(
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -339,6 +340,7 @@ impl StopMatcher {
         Self {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
     }
 
@@ -354,10 +356,16 @@ impl StopMatcher {
             return (text.to_string(), false);
         }
         self.held.push_str(text);
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(at) = first {
+        let first = self
+            .stops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((self.held.find(s.as_str())?, i)))
+            .min();
+        if let Some((at, which)) = first {
             let out = self.held[..at].to_string();
             self.held.clear();
+            self.matched = Some(which);
             return (out, true);
         }
         let keep = self
@@ -375,6 +383,11 @@ impl StopMatcher {
         let out = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
         (out, false)
+    }
+
+    /// The stop string that ended the output, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// The text still held back at the end of the output.

@@ -2,6 +2,8 @@
 //! field with clear errors, and turning messages into the core's normalised form.
 
 pub(crate) mod chat;
+pub(crate) mod messages;
+pub(crate) mod responses;
 
 use std::sync::Arc;
 

@@ -309,6 +309,10 @@ impl ProxyState {
 fn endpoint_label(path: &str) -> &'static str {
     match path {
         "/chat/completions" | "/v1/chat/completions" => "chat_completions",
+        "/messages" | "/v1/messages" => "messages",
+        "/messages/count_tokens" | "/v1/messages/count_tokens" => "count_tokens",
+        "/responses" | "/v1/responses" => "responses",
+        "/responses/{id}" | "/v1/responses/{id}" => "get_response",
         "/rl/start_session" => "start_session",
         "/rl/set_reward" => "set_reward",
         "/rl/end_session" => "end_session",
@@ -336,7 +340,8 @@ async fn track(State(state): State<ProxyState>, request: Request, next: Next) ->
     response
 }
 
-/// The proxy's router: control endpoints, Chat Completions, health and metrics.
+/// The proxy's router: control endpoints, Chat Completions, Anthropic Messages, Responses, health and
+/// metrics.
 pub fn router(state: ProxyState) -> Router {
     Router::new()
         .route("/health", get(control::health))
@@ -350,6 +355,17 @@ pub fn router(state: ProxyState) -> Router {
         .route("/export_trajectories", post(control::export_trajectories))
         .route("/chat/completions", post(protocol::chat::handler))
         .route("/v1/chat/completions", post(protocol::chat::handler))
+        .route("/v1/messages", post(protocol::messages::handler))
+        .route("/messages", post(protocol::messages::handler))
+        .route(
+            "/v1/messages/count_tokens",
+            post(protocol::messages::count_tokens),
+        )
+        .route("/messages/count_tokens", post(protocol::messages::count_tokens))
+        .route("/v1/responses", post(protocol::responses::handler))
+        .route("/responses", post(protocol::responses::handler))
+        .route("/v1/responses/{id}", get(protocol::responses::get))
+        .route("/responses/{id}", get(protocol::responses::get))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::auth;
 use crate::error::{ApiError, ApiErrorKind};
+use crate::protocol::responses::ResponseStore;
 use crate::trajectory::{Interaction, Trajectory};
 
 /// Bounds on what the store holds.
@@ -70,6 +71,8 @@ pub(crate) struct Session {
     pub(crate) generation_defaults: Map<String, Value>,
     pub(crate) stored_tokens: u64,
     pub(crate) requests: u64,
+    /// Responses API answers kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub(crate) responses: ResponseStore,
 }
 
 /// What `end_session` reports.
@@ -218,6 +221,7 @@ impl SessionStore {
                 generation_defaults,
                 stored_tokens: 0,
                 requests: 0,
+                responses: ResponseStore::default(),
             },
         );
         if let Some(c) = self.capacity.as_mut() {
@@ -239,6 +243,11 @@ impl SessionStore {
         self.sessions
             .get_mut(id)
             .ok_or_else(|| ApiError::new(ApiErrorKind::NotFound, format!("unknown session {id:?}")))
+    }
+
+    /// A stored Responses answer of any session, by id (for the admin).
+    pub(crate) fn find_response(&self, id: &str) -> Option<Value> {
+        self.sessions.values().find_map(|s| s.responses.get(id).cloned())
     }
 
     /// The session `id` if it exists and has not ended (generation needs that).

@@ -151,9 +151,11 @@ fn stop_strings_cut_the_output_in_any_split() {
         }
         assert!(hit, "split {size}");
         assert_eq!(out, "abc ", "split {size}");
+        assert_eq!(m.matched(), Some("STOP"), "split {size}");
     }
     let mut m = StopMatcher::new(vec!["STOP".into()]);
     let (safe, hit) = m.push("abc ST");
     assert_eq!((safe.as_str(), hit), ("abc ", false));
+    assert_eq!(m.matched(), None);
     assert_eq!(m.finish(), "ST");
 }

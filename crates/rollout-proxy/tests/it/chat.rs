@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use rollout_proxy::{FakeEngine, ProxyState};
+use rollout_proxy::FakeEngine;
 use serde_json::{Value, json};
 
-use crate::common::{ADMIN, Proxy, config, engine_config, eos, model, redact, tokens, turn};
+use crate::common::{
+    Proxy, engine_config, eos, frames, model, oneshot_state, oneshot_with, post, redact, start, tokens, turn,
+};
 
 fn user(text: &str) -> Value {
     json!({"model": "smol", "messages": [{"role": "user", "content": text}]})
@@ -153,57 +155,6 @@ async fn bad_requests_are_clear_openai_errors() {
         assert!(r.text.contains(needle), "{body}: {}", r.text);
         assert_eq!(r.json()["error"]["type"], json!("invalid_request_error"));
     }
-}
-
-fn oneshot_state(engine: FakeEngine, ping: Duration) -> (ProxyState, Arc<FakeEngine>, axum::Router) {
-    oneshot_with(engine, ping, model())
-}
-
-fn oneshot_with(
-    engine: FakeEngine,
-    ping: Duration,
-    model: Arc<rollout_proxy::ChatModel>,
-) -> (ProxyState, Arc<FakeEngine>, axum::Router) {
-    let mut c = config();
-    c.capacity_grants = false;
-    c.ping_interval = ping;
-    let engine = Arc::new(engine);
-    let state = ProxyState::new(c, model, engine.clone()).expect("state");
-    let app = rollout_proxy::router(state.clone());
-    (state, engine, app)
-}
-
-async fn post(app: &axum::Router, path: &str, key: &str, body: Value) -> http::Response<axum::body::Body> {
-    use tower::ServiceExt;
-    let request = http::Request::post(path)
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(body.to_string()))
-        .expect("request");
-    app.clone().oneshot(request).await.expect("answers")
-}
-
-async fn start(app: &axum::Router) -> String {
-    let r = post(app, "/rl/start_session", ADMIN, json!({"task_id": "t"})).await;
-    let body = http_body_util::BodyExt::collect(r.into_body())
-        .await
-        .expect("body")
-        .to_bytes();
-    let v: Value = serde_json::from_slice(&body).expect("json");
-    v["api_key"].as_str().expect("key").to_string()
-}
-
-/// Reads an SSE body frame by frame, as a client sees it arrive.
-async fn frames(response: http::Response<axum::body::Body>) -> Vec<String> {
-    use http_body_util::BodyExt;
-    let mut body = response.into_body();
-    let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.expect("frame").into_data() {
-            out.push(String::from_utf8(data.to_vec()).expect("utf-8 frame"));
-        }
-    }
-    out
 }
 
 #[tokio::test(start_paused = true)]

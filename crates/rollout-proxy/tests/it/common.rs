@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
@@ -130,6 +131,28 @@ impl Proxy {
         .await
     }
 
+    /// `POST /v1/messages` with the session key in `x-api-key`, as the Anthropic SDK sends it.
+    pub(crate) async fn messages(&self, key: &str, body: Value) -> Response {
+        call(
+            Method::POST,
+            &self.url("/v1/messages"),
+            &[("x-api-key", key), ("anthropic-version", "2023-06-01")],
+            Some(body),
+        )
+        .await
+    }
+
+    /// `POST /v1/responses` with the session key as a bearer token.
+    pub(crate) async fn responses(&self, key: &str, body: Value) -> Response {
+        call(
+            Method::POST,
+            &self.url("/v1/responses"),
+            &[("authorization", &format!("Bearer {key}"))],
+            Some(body),
+        )
+        .await
+    }
+
     pub(crate) async fn end(&self, key: &str) -> Response {
         call(
             Method::POST,
@@ -205,7 +228,14 @@ pub(crate) fn redact(text: &str) -> String {
     let mut out = String::new();
     for line in text.split_inclusive('\n') {
         let mut l = line.to_string();
-        for (field, placeholder) in [("\"id\":\"", "[id]"), ("\"created\":", "0")] {
+        for (field, placeholder) in [
+            ("\"id\":\"", "[id]"),
+            ("\"created\":", "0"),
+            ("\"created_at\":", "0"),
+            ("\"item_id\":\"", "[id]"),
+            ("\"call_id\":\"", "[id]"),
+            ("\"signature\":\"arena-rl:", "[id]"),
+        ] {
             let mut from = 0;
             while let Some(pos) = l[from..].find(field) {
                 let start = from + pos + field.len();
@@ -224,6 +254,69 @@ pub(crate) fn redact(text: &str) -> String {
             }
         }
         out.push_str(&l);
+    }
+    out
+}
+
+/// The router (no socket) on a fresh fake engine, capacity grants off, pinging after `ping` of silence.
+pub(crate) fn oneshot_state(
+    engine: FakeEngine,
+    ping: Duration,
+) -> (ProxyState, Arc<FakeEngine>, axum::Router) {
+    oneshot_with(engine, ping, model())
+}
+
+/// Like [`oneshot_state`] with another model.
+pub(crate) fn oneshot_with(
+    engine: FakeEngine,
+    ping: Duration,
+    model: Arc<rollout_proxy::ChatModel>,
+) -> (ProxyState, Arc<FakeEngine>, axum::Router) {
+    let mut c = config();
+    c.capacity_grants = false;
+    c.ping_interval = ping;
+    let engine = Arc::new(engine);
+    let state = ProxyState::new(c, model, engine.clone()).expect("state");
+    let app = rollout_proxy::router(state.clone());
+    (state, engine, app)
+}
+
+/// One request through the router.
+pub(crate) async fn post(
+    app: &axum::Router,
+    path: &str,
+    key: &str,
+    body: Value,
+) -> http::Response<axum::body::Body> {
+    use tower::ServiceExt;
+    let request = http::Request::post(path)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .expect("request");
+    app.clone().oneshot(request).await.expect("answers")
+}
+
+/// Starts a session through the router; answers its key.
+pub(crate) async fn start(app: &axum::Router) -> String {
+    let r = post(app, "/rl/start_session", ADMIN, json!({"task_id": "t"})).await;
+    let body = http_body_util::BodyExt::collect(r.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    let v: Value = serde_json::from_slice(&body).expect("json");
+    v["api_key"].as_str().expect("key").to_string()
+}
+
+/// Reads an SSE body frame by frame, as a client sees it arrive.
+pub(crate) async fn frames(response: http::Response<axum::body::Body>) -> Vec<String> {
+    use http_body_util::BodyExt;
+    let mut body = response.into_body();
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            out.push(String::from_utf8(data.to_vec()).expect("utf-8 frame"));
+        }
     }
     out
 }

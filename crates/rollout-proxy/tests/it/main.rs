@@ -3,7 +3,9 @@
 
 mod chat;
 mod common;
+mod messages;
 mod multiturn;
 mod openai_sdk;
+mod responses;
 mod sessions;
 mod sglang;

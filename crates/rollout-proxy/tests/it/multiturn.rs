@@ -1,11 +1,14 @@
-//! The token-exact multi-turn test: a 20-turn tool-using conversation exported with `concat` is one
-//! trajectory whose tokens are exactly the engine's sampled tokens interleaved with the template's tokens
-//! for the messages in between, verified token by token.
+//! The token-exact multi-turn tests: a 20-turn tool-using Chat Completions conversation, and thinking
+//! conversations over Anthropic Messages (thinking blocks echoed back) and over Responses (chained by
+//! `previous_response_id`, or stateless with the output items echoed back), each exported with `concat`
+//! as one trajectory whose tokens are exactly the engine's sampled tokens interleaved with the template's
+//! tokens for the messages in between, verified token by token.
 
 use http::StatusCode;
+use rollout_proxy::{ExportedTrajectory, SampledToken};
 use serde_json::{Value, json};
 
-use crate::common::{Proxy, tokens, turn};
+use crate::common::{Proxy, model, tokens, turn};
 
 const TURNS: usize = 20;
 const SYSTEM: &str = "You run shell commands.";
@@ -66,22 +69,37 @@ async fn twenty_tool_turns_export_as_one_token_exact_trajectory() {
     let outputs = p.engine.outputs();
     assert_eq!(outputs.len(), TURNS + 1);
 
-    // Walk the trajectory: template tokens (mask 0), then a turn's sampled tokens (mask 1), and so on.
+    let templates: Vec<String> = (0..outputs.len())
+        .map(|k| {
+            if k == 0 {
+                first_prompt()
+            } else if k < TURNS {
+                tool_turn(k - 1)
+            } else {
+                "\n<|im_start|>assistant\n".to_string()
+            }
+        })
+        .collect();
+    verify(t, &outputs, &templates);
+    assert_eq!(t.prompt_len, tokens(&first_prompt()).len());
+}
+
+fn first_prompt() -> String {
+    format!(
+        "<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{TASK}<|im_end|>\n<|im_start|>assistant\n"
+    )
+}
+
+fn tool_turn(k: usize) -> String {
+    format!("\n<|im_start|>tool\noutput {k}<|im_end|>\n<|im_start|>assistant\n")
+}
+
+/// Walks a trajectory: each turn's template tokens (mask 0, version -1), then exactly the tokens the engine
+/// sampled for it (mask 1, their logprobs), and nothing else.
+fn verify(t: &ExportedTrajectory, outputs: &[Vec<SampledToken>], templates: &[String]) {
     let mut at = 0;
-    for (k, output) in outputs.iter().enumerate() {
-        let template_text = if k == 0 {
-            format!(
-                "<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{TASK}<|im_end|>\n<|im_start|>assistant\n"
-            )
-        } else if k < TURNS {
-            format!(
-                "\n<|im_start|>tool\noutput {}<|im_end|>\n<|im_start|>assistant\n",
-                k - 1
-            )
-        } else {
-            "\n<|im_start|>assistant\n".to_string()
-        };
-        let expected = tokens(&template_text);
+    for (k, (output, template_text)) in outputs.iter().zip(templates).enumerate() {
+        let expected = tokens(template_text);
         let end = at + expected.len();
         assert_eq!(
             &t.token_ids[at..end],
@@ -110,7 +128,139 @@ async fn twenty_tool_turns_export_as_one_token_exact_trajectory() {
         at = end;
     }
     assert_eq!(at, t.token_ids.len(), "nothing else in the trajectory");
-    assert_eq!(t.prompt_len, tokens(&format!(
-        "<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{TASK}<|im_end|>\n<|im_start|>assistant\n"
-    )).len());
+}
+
+/// A thinking turn: reasoning, sometimes visible text, then a tool call (the last turn answers).
+fn thinking_text(k: usize) -> String {
+    let think = format!("<think>\nStep {k}: run the next command.\n</think>\n\n");
+    if k + 1 == THINKING_TURNS {
+        return format!("{think}All done: {k} steps.");
+    }
+    let say = if k.is_multiple_of(2) {
+        format!("Running step {k}.\n")
+    } else {
+        String::new()
+    };
+    format!(
+        "{think}{say}<tool_call>\n{{\"name\": \"run\", \"arguments\": {{\"cmd\": \"step {k}\"}}}}\n</tool_call>"
+    )
+}
+
+const THINKING_TURNS: usize = 8;
+
+/// Checks a finished multi-turn session exported with `concat`: one trajectory, token-exact, thinking
+/// tokens included among the trained ones.
+async fn check_thinking_session(p: &Proxy, session: &str) {
+    let exported = p.export(session, "concat").await;
+    assert_eq!(
+        exported.trajectories.len(),
+        1,
+        "every turn extended the previous one"
+    );
+    let t = &exported.trajectories[0];
+    assert_eq!(t.interaction_ids.len(), THINKING_TURNS);
+    let outputs = p.engine.outputs();
+    assert_eq!(outputs.len(), THINKING_TURNS);
+    let templates: Vec<String> = (0..THINKING_TURNS)
+        .map(|k| if k == 0 { first_prompt() } else { tool_turn(k - 1) })
+        .collect();
+    verify(t, &outputs, &templates);
+    let trained: Vec<u32> = t
+        .token_ids
+        .iter()
+        .zip(&t.loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(id, _)| *id)
+        .collect();
+    let text = model().tokenizer.decode(&trained, false).expect("decodes");
+    assert_eq!(
+        text.matches("<think>\nStep ").count(),
+        THINKING_TURNS,
+        "each turn's thinking tokens train: {text}"
+    );
+}
+
+#[tokio::test]
+async fn messages_with_thinking_blocks_stay_token_exact() {
+    let p = Proxy::default().await;
+    let (session, key) = p.session("anthropic").await;
+    let tools = json!([{"name": "run", "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]);
+    let mut messages = vec![json!({"role": "user", "content": TASK})];
+    for k in 0..THINKING_TURNS {
+        p.engine.push_script(turn(&thinking_text(k)));
+        let body = json!({"model": "smol", "max_tokens": 512, "system": [{"type": "text", "text": SYSTEM}],
+                          "messages": messages, "tools": tools, "thinking": {"type": "enabled", "budget_tokens": 256}});
+        let r = p.messages(&key, body).await;
+        assert_eq!(r.status, StatusCode::OK, "turn {k}: {}", r.text);
+        let reply = r.json();
+        assert_eq!(reply["content"][0]["type"], "thinking", "turn {k}");
+        // The client echoes the assistant turn as it came, thinking block and signature included.
+        messages.push(json!({"role": "assistant", "content": reply["content"]}));
+        let calls: Vec<&Value> = reply["content"]
+            .as_array()
+            .expect("content")
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .collect();
+        if k + 1 < THINKING_TURNS {
+            assert_eq!(reply["stop_reason"], "tool_use");
+            let results: Vec<Value> = calls
+                .iter()
+                .map(|c| json!({"type": "tool_result", "tool_use_id": c["id"], "content": format!("output {k}")}))
+                .collect();
+            messages.push(json!({"role": "user", "content": results}));
+        } else {
+            assert_eq!(reply["stop_reason"], "end_turn");
+        }
+    }
+    p.end(&key).await;
+    check_thinking_session(&p, &session).await;
+}
+
+/// Responses turns: chained by `previous_response_id` (only the new items are sent), or stateless (the
+/// whole conversation, output items echoed back as Codex does).
+async fn responses_session(chained: bool) {
+    let p = Proxy::default().await;
+    let (session, key) = p.session("responses").await;
+    let tools = json!([{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]);
+    let mut history =
+        vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": TASK}]})];
+    let mut previous: Option<String> = None;
+    for k in 0..THINKING_TURNS {
+        p.engine.push_script(turn(&thinking_text(k)));
+        let mut body = json!({"model": "smol", "instructions": SYSTEM, "tools": tools, "store": chained});
+        match &previous {
+            Some(id) => {
+                body["previous_response_id"] = json!(id);
+                body["input"] = json!(history);
+            }
+            None => body["input"] = json!(history),
+        }
+        let r = p.responses(&key, body).await;
+        assert_eq!(r.status, StatusCode::OK, "turn {k}: {}", r.text);
+        let reply = r.json();
+        let output = reply["output"].as_array().expect("output").clone();
+        assert_eq!(output[0]["type"], "reasoning", "turn {k}");
+        if chained {
+            previous = Some(reply["id"].as_str().expect("id").to_string());
+            history.clear();
+        } else {
+            history.extend(output.iter().cloned());
+        }
+        for item in output.iter().filter(|i| i["type"] == "function_call") {
+            history.push(json!({"type": "function_call_output", "call_id": item["call_id"], "output": format!("output {k}")}));
+        }
+    }
+    p.end(&key).await;
+    check_thinking_session(&p, &session).await;
+}
+
+#[tokio::test]
+async fn responses_chained_by_previous_response_id_stay_token_exact() {
+    responses_session(true).await;
+}
+
+#[tokio::test]
+async fn stateless_responses_echoing_their_items_stay_token_exact() {
+    responses_session(false).await;
 }

@@ -1,0 +1,83 @@
+//! Tests of the Responses translation (items into turns) and of the stored response chain.
+
+use serde_json::json;
+
+use super::*;
+
+#[test]
+fn consecutive_assistant_items_form_one_turn_in_the_models_order() {
+    let out = input_messages(json!([
+        {"role": "developer", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": "data:,"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Calling"}, {"type": "output_text", "text": " now."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": "{\"x\":1}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "one"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "two"}]},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "again"}]},
+        {"type": "message", "role": "assistant", "content": "Done."},
+        {"type": "function_call", "call_id": "call_3", "name": "f", "arguments": "{}"},
+        {"type": "message", "role": "assistant", "content": "After a call, a new turn."},
+    ]))
+    .expect("translates");
+    assert_eq!(
+        out,
+        vec![
+            json!({"role": "developer", "content": "be brief"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "input_image", "image_url": "data:,"}]}),
+            json!({"role": "assistant", "content": "Calling now.", "reasoning_content": "think", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{\"x\":1}"}},
+            ]}),
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "one"}),
+            json!({"role": "tool", "tool_call_id": "call_2", "content": [{"type": "input_text", "text": "two"}]}),
+            json!({"role": "assistant", "content": "Done.", "reasoning_content": "again", "tool_calls": [
+                {"id": "call_3", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            ]}),
+            json!({"role": "assistant", "content": "After a call, a new turn."}),
+        ]
+    );
+    assert_eq!(
+        input_messages(json!("just text")).expect("a string"),
+        vec![json!({"role": "user", "content": "just text"})]
+    );
+}
+
+fn stored(previous: Option<&str>, input: &str, output: &str) -> StoredResponse {
+    StoredResponse {
+        previous: previous.map(Into::into),
+        input: vec![json!({"role": "user", "content": input})],
+        output: json!({"role": "assistant", "content": output}),
+        response: json!({"id": output}),
+    }
+}
+
+#[test]
+fn a_chain_is_rebuilt_oldest_first_and_forgotten_oldest_first() {
+    let mut store = ResponseStore::default();
+    store.insert("r1", stored(None, "q1", "a1"));
+    store.insert("r2", stored(Some("r1"), "q2", "a2"));
+    store.insert("r3", stored(Some("r1"), "q3", "a3"));
+    let text = |c: Vec<Value>| {
+        c.iter()
+            .map(|m| m["content"].as_str().expect("text").to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        text(store.conversation("r2").expect("chain")),
+        ["q1", "a1", "q2", "a2"]
+    );
+    assert_eq!(
+        text(store.conversation("r3").expect("branch")),
+        ["q1", "a1", "q3", "a3"]
+    );
+    assert_eq!(store.get("r3"), Some(&json!({"id": "a3"})));
+    assert!(store.conversation("nope").is_none());
+    for i in 0..MAX_STORED_RESPONSES {
+        store.insert(&format!("x{i}"), stored(None, "q", "a"));
+    }
+    assert!(store.get("r1").is_none(), "the oldest went first");
+    assert!(store.conversation("r2").is_none());
+    assert_eq!(store.responses.len(), MAX_STORED_RESPONSES);
+}
