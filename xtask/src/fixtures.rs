@@ -7,6 +7,7 @@
 //! Tests find fixtures through the environment variables that [`prepare_all`] returns; a test that needs a
 //! missing one fails and names the variable.
 
+mod npm;
 mod python;
 mod smollm2;
 
@@ -53,6 +54,8 @@ pub(crate) fn prepare_all() -> Result<Vec<(String, String)>> {
     ));
     let smol = smollm2::prepare(&cache, &torch)?;
     env.push(("ARENA_RL_SMOLLM2".into(), smol.display().to_string()));
+    let node_bin = npm::prepare(&cache)?;
+    env.push(("ARENA_RL_NODE_BIN".into(), node_bin.display().to_string()));
     Ok(env)
 }
 
