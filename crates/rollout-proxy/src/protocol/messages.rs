@@ -196,12 +196,16 @@ fn to_core_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec<V
             .to_string();
         let content = message.remove("content").unwrap_or(Value::Null);
         match (role.as_str(), content) {
-            ("user" | "assistant", Value::String(text)) => {
+            // Claude Code sends mid-conversation system messages (its environment notes) as `system`.
+            ("user" | "assistant" | "system", Value::String(text)) => {
                 out.push(json!({"role": role, "content": text}));
+            }
+            ("system", blocks @ Value::Array(_)) => {
+                out.push(json!({"role": "system", "content": blocks}));
             }
             ("user", Value::Array(blocks)) => user_blocks(i, blocks, &mut out)?,
             ("assistant", Value::Array(blocks)) => out.push(assistant_blocks(i, blocks)?),
-            ("user" | "assistant", _) => {
+            ("user" | "assistant" | "system", _) => {
                 return Err(bad_message(
                     format!("messages[{i}].content"),
                     "must be a string or a list of content blocks",
@@ -210,7 +214,7 @@ fn to_core_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec<V
             (other, _) => {
                 return Err(bad_message(
                     format!("messages[{i}].role"),
-                    &format!("must be \"user\" or \"assistant\", got {other:?}"),
+                    &format!("must be \"user\", \"assistant\" or \"system\", got {other:?}"),
                 ));
             }
         }

@@ -29,6 +29,28 @@ pub(crate) fn fixture(var: &str) -> PathBuf {
     }
 }
 
+/// Runs `script` in the clients virtualenv's Python with `args`; answers the JSON it prints.
+pub(crate) async fn python(script: &str, args: &[&str]) -> Value {
+    let python = fixture("ARENA_RL_PY_CLIENTS");
+    let mut command = std::process::Command::new(python);
+    command.arg("-c").arg(script).args(args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("joins")
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "the SDK script failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the script prints JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
 /// The SmolLM2 model folder's tokenizer and template, loaded once.
 pub(crate) fn model() -> Arc<ChatModel> {
     static MODEL: OnceLock<Arc<ChatModel>> = OnceLock::new();

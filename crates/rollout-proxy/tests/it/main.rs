@@ -1,8 +1,11 @@
 //! Integration tests of the rollout proxy over real loopback sockets, with the SmolLM2 tokenizer and chat
 //! template from the test fixtures (`ARENA_RL_SMOLLM2`) and the real `openai` SDK (`ARENA_RL_PY_CLIENTS`).
 
+mod anthropic_sdk;
 mod chat;
 mod common;
+mod harness_cli;
+mod litellm;
 mod messages;
 mod multiturn;
 mod openai_sdk;

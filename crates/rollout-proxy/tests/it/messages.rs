@@ -167,8 +167,8 @@ async fn errors_use_anthropics_body_and_status() {
     for (body, needle) in [
         (json!({"max_tokens": 5}), "messages: field required"),
         (
-            json!({"messages": [{"role": "system", "content": "x"}]}),
-            "messages[0].role must be \\\"user\\\" or \\\"assistant\\\"",
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].role must be \\\"user\\\", \\\"assistant\\\" or \\\"system\\\"",
         ),
         (
             json!({"messages": [{"role": "user", "content": 7}]}),

@@ -117,3 +117,107 @@ async fn the_openai_sdk_drives_a_session_end_to_end() {
         out["plain"]["id"].as_str().expect("id")
     );
 }
+
+const RESPONSES_SCRIPT: &str = r#"
+import json, sys, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+out = {}
+r = client.responses.create(model="smol", instructions="Be brief.", input="Say hello")
+out["plain"] = {"text": r.output_text, "status": r.status, "id": r.id, "output_tokens": r.usage.output_tokens}
+events = list(client.responses.create(model="smol", input="Count", stream=True))
+out["stream"] = {"types": [e.type for e in events],
+                 "text": "".join(e.delta for e in events if e.type == "response.output_text.delta"),
+                 "final": events[-1].response.output_text}
+with client.responses.stream(model="smol", input="Spell it") as s:
+    final = s.get_final_response()
+out["helper"] = final.output_text
+tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+r = client.responses.create(model="smol", input="Weather in Paris?", tools=tools)
+call = [i for i in r.output if i.type == "function_call"][0]
+out["call"] = {"name": call.name, "arguments": json.loads(call.arguments), "kinds": [i.type for i in r.output]}
+r2 = client.responses.create(model="smol", previous_response_id=r.id, tools=tools,
+                             input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18C and sunny"}])
+out["after_call"] = {"text": r2.output_text, "previous": r2.previous_response_id, "id": r2.id}
+r3 = client.responses.create(model="smol", previous_response_id=r2.id, input="And tomorrow?")
+out["chained"] = r3.output_text
+out["retrieved"] = client.responses.retrieve(r2.id).output_text
+try:
+    client.responses.retrieve("resp_unknown")
+    out["missing"] = "found"
+except openai.NotFoundError as e:
+    out["missing"] = {"status": e.status_code, "class": type(e).__name__}
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn the_openai_sdk_drives_the_responses_api_with_chaining() {
+    let p = Proxy::default().await;
+    let (session, key) = p.session("responses-sdk").await;
+    for text in [
+        "Hello from the policy!",
+        "one, two, three",
+        "p-a-r-i-s",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "It is 18C and sunny in Paris.",
+        "Rain tomorrow.",
+    ] {
+        p.engine.push_script(turn(text));
+    }
+    let out = crate::common::python(RESPONSES_SCRIPT, &[&p.url("/v1"), &key]).await;
+    assert_eq!(out["plain"]["text"], "Hello from the policy!");
+    assert_eq!(out["plain"]["status"], "completed");
+    assert_eq!(
+        out["plain"]["output_tokens"],
+        turn("Hello from the policy!").len()
+    );
+    assert_eq!(out["stream"]["text"], "one, two, three");
+    assert_eq!(out["stream"]["final"], "one, two, three");
+    let types: Vec<&str> = out["stream"]["types"]
+        .as_array()
+        .expect("types")
+        .iter()
+        .map(|t| t.as_str().expect("type"))
+        .collect();
+    assert_eq!(types[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(types.last(), Some(&"response.completed"));
+    assert!(types.contains(&"response.output_text.done"));
+    assert_eq!(out["helper"], "p-a-r-i-s");
+    assert_eq!(out["call"]["name"], "get_weather");
+    assert_eq!(out["call"]["arguments"]["city"], "Paris");
+    assert_eq!(out["call"]["kinds"], serde_json::json!(["function_call"]));
+    assert_eq!(out["after_call"]["text"], "It is 18C and sunny in Paris.");
+    assert_eq!(out["chained"], "Rain tomorrow.");
+    assert_eq!(out["retrieved"], "It is 18C and sunny in Paris.");
+    assert_eq!(out["missing"]["status"], 404);
+    assert_eq!(out["missing"]["class"], "NotFoundError");
+
+    p.end(&key).await;
+    let exported = p.export(&session, "concat").await;
+    let engine: Vec<Vec<u32>> = p
+        .engine
+        .outputs()
+        .iter()
+        .map(|o| o.iter().map(|s| s.id).collect())
+        .collect();
+    let chain = exported
+        .trajectories
+        .iter()
+        .find(|t| t.interaction_ids.len() == 3)
+        .expect("the previous_response_id chain is one trajectory");
+    let sampled: Vec<u32> = chain
+        .token_ids
+        .iter()
+        .zip(&chain.loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(
+        sampled,
+        [engine[3].clone(), engine[4].clone(), engine[5].clone()].concat()
+    );
+    assert_eq!(
+        chain.interaction_ids[1],
+        out["after_call"]["id"].as_str().expect("id")
+    );
+}

@@ -16,6 +16,7 @@ fn a_claude_code_turn_becomes_the_core_messages() {
         Some(json!([{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}])),
         json!([
             {"role": "user", "content": "Fix it."},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
             {"role": "assistant", "content": [
                 {"type": "thinking", "thinking": "Look first.", "signature": "arena-rl:msg_1"},
                 {"type": "redacted_thinking", "data": "opaque"},
@@ -37,6 +38,7 @@ fn a_claude_code_turn_becomes_the_core_messages() {
         vec![
             json!({"role": "system", "content": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]}),
             json!({"role": "user", "content": "Fix it."}),
+            json!({"role": "system", "content": [{"type": "text", "text": "# Environment"}]}),
             json!({"role": "assistant", "content": "Looking.", "reasoning_content": "Look first.", "tool_calls": [
                 {"id": "toolu_1", "type": "function", "function": {"name": "read", "arguments": "{\"path\":\"a\"}"}},
                 {"id": "toolu_2", "type": "function", "function": {"name": "shot", "arguments": "{}"}},
