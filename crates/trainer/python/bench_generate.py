@@ -4,7 +4,8 @@ Usage: bench_generate.py MODEL_DIR
 
 Reads one workload per line on stdin, {name, batch, prompt_len, new_tokens, repeats}, and answers each with
 one line on stdout, {name, seconds, tokens_per_second, torch_threads}: the median of `repeats` timed runs
-after one warm-up run. Prompts are deterministic token ids; generation is greedy without early stops.
+after one warm-up run, with torch on one thread and on all cores, whichever is faster (on a busy machine
+torch's spinning worker threads can make the multi-threaded run several times slower). Prompts are deterministic token ids; generation is greedy without early stops.
 The bench sends workloads one at a time and measures burn between them, so both sides see the same load.
 """
 
@@ -19,6 +20,9 @@ from transformers import AutoModelForCausalLM
 
 def prompts(batch, prompt_len, vocab):
     return torch.tensor([[(7 * b + 13 * t + 1) % vocab for t in range(prompt_len)] for b in range(batch)])
+
+
+ALL_THREADS = torch.get_num_threads()
 
 
 def main():
@@ -45,21 +49,27 @@ def main():
                 generation_config=gen,
             )
 
-        with torch.inference_mode():
-            run()
-            times = []
-            for _ in range(w["repeats"]):
-                start = time.perf_counter()
-                out = run()
-                times.append(time.perf_counter() - start)
-        assert out.shape == (w["batch"], w["prompt_len"] + w["new_tokens"])
-        median = statistics.median(times)
+        best = None
+        for threads in sorted({1, ALL_THREADS}):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                run()
+                times = []
+                for _ in range(w["repeats"]):
+                    start = time.perf_counter()
+                    out = run()
+                    times.append(time.perf_counter() - start)
+            assert out.shape == (w["batch"], w["prompt_len"] + w["new_tokens"])
+            median = statistics.median(times)
+            if best is None or median < best[0]:
+                best = (median, threads)
+        median, threads = best
         tokens = w["batch"] * (w["new_tokens"] if w["new_tokens"] > 1 else w["prompt_len"])
         answer = {
             "name": w["name"],
             "seconds": median,
             "tokens_per_second": tokens / median,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": threads,
         }
         print(json.dumps(answer), flush=True)
 

@@ -157,7 +157,7 @@ impl<B: Backend> Engine<B> {
         Logits {
             len,
             vocab,
-            data: to_f32_vec(logits.into_data()),
+            data: to_f32_vec(logits),
         }
     }
 
@@ -196,7 +196,7 @@ impl<B: Backend> Engine<B> {
             .model
             .forward_hidden(self.int_tensor(ids, [n, width]), &input, Some(&mut fresh));
         let last = hidden.slice([0..n, width - 1..width]);
-        let logits = to_f32_vec(self.model.logits(last).into_data());
+        let logits = to_f32_vec(self.model.logits(last));
         let vocab = self.config.vocab_size;
 
         let mut new_seqs = Vec::new();
@@ -295,7 +295,7 @@ impl<B: Backend> Engine<B> {
         let input = AttnInput::new(&self.rope, &positions, bias, [b, 1, keys], &self.device);
         let ids = Tensor::from_data(TensorData::new(ids, [b, 1]), &self.device);
         let hidden = self.model.forward_hidden(ids, &input, Some(cache));
-        let logits = to_f32_vec(self.model.logits(hidden).into_data());
+        let logits = to_f32_vec(self.model.logits(hidden));
         let vocab = self.config.vocab_size;
         let max_positions = self.config.max_position_embeddings;
         let mut keep = vec![true; b];
@@ -471,10 +471,8 @@ fn select_rows<B: Backend>(cache: KvCache<B>, rows: &[usize], device: &B::Device
     }
 }
 
-pub(crate) fn to_f32_vec(data: TensorData) -> Vec<f32> {
-    data.convert::<f32>()
-        .into_vec::<f32>()
-        .expect("converted to f32 just above")
+fn to_f32_vec<const D: usize, B: Backend>(t: Tensor<B, D>) -> Vec<f32> {
+    crate::cpu::host_f32(t)
 }
 
 /// A seed for requests that bring none.

@@ -20,6 +20,7 @@
 
 pub mod backend;
 pub mod config;
+mod cpu;
 mod engine;
 pub mod error;
 pub mod model;

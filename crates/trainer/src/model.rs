@@ -47,7 +47,11 @@ impl<B: Backend> HfLinear<B> {
 /// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`, computed as `(W x^T)^T`: burn-ndarray's matmul copies a
 /// right-hand side that is not in standard layout, and copying the small activation is far cheaper than
 /// copying the weight matrix on every call.
+/// The plain CPU backend takes a faster path (see `cpu.rs`).
 fn project<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    if let Some(y) = crate::cpu::project(&x, &w) {
+        return y;
+    }
     w.matmul(x.transpose()).transpose()
 }
 

@@ -209,9 +209,17 @@ impl Policy {
         shared.version.store(options.version, Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();
         let engine = Engine::new(model, config.clone(), device, shared.clone(), options.max_batch);
+        // The engine loop runs inside its own rayon pool: burn-ndarray parallelises with `rayon::scope`, which
+        // called from outside a pool hands every operation to a pool thread and waits, a thread switch per op.
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("trainer-engine-{i}"))
+            .build()
+            .map_err(|e| Error::Device("cpu".into(), format!("starting the engine's thread pool: {e}")))?;
         std::thread::Builder::new()
             .name("trainer-engine".into())
-            .spawn(move || engine.run(rx))
+            .spawn(move || pool.install(move || engine.run(rx)))
             .map_err(|e| Error::io("spawning the engine thread", "trainer-engine", e))?;
         Ok(Self {
             tx: Arc::new(Mutex::new(tx)),

@@ -1,0 +1,58 @@
+//! Unit tests for `cpu`: the fast projection equals burn's generic matmul, on both of its paths.
+
+use burn::tensor::{Tensor, TensorData};
+
+use super::*;
+use crate::sampling::SplitMix64;
+
+fn random(shape: [usize; 2], rng: &mut SplitMix64) -> Tensor<Cpu, 2> {
+    let data: Vec<f32> = (0..shape[0] * shape[1])
+        .map(|_| rng.next_normal() as f32)
+        .collect();
+    Tensor::from_data(TensorData::new(data, shape), &Default::default())
+}
+
+#[test]
+fn fast_projection_matches_burns_matmul() {
+    let mut rng = SplitMix64::new(3);
+    for rows in [1, 3, SMALL_ROWS, SMALL_ROWS + 1, 40] {
+        for (out_f, in_f) in [(7, 5), (96, 64), (300, 257)] {
+            let x = random([rows, in_f], &mut rng);
+            let w = random([out_f, in_f], &mut rng);
+            let fast = project(&x, &w).expect("the CPU backend takes the fast path");
+            assert_eq!(fast.dims(), [rows, out_f]);
+            let slow = x.matmul(w.transpose());
+            let (a, b) = (
+                fast.into_data().to_vec::<f32>().expect("f32"),
+                slow.into_data().to_vec::<f32>().expect("f32"),
+            );
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(p, q)| (p - q).abs() / (1.0 + q.abs()))
+                .fold(0.0, f32::max);
+            assert!(worst < 1e-5, "rows {rows}, [{out_f}, {in_f}]: {worst}");
+        }
+    }
+}
+
+#[test]
+fn other_backends_take_the_generic_path() {
+    type Ad = burn_autodiff::Autodiff<Cpu>;
+    let x = Tensor::<Ad, 2>::ones([2, 3], &Default::default());
+    let w = Tensor::<Ad, 2>::ones([4, 3], &Default::default());
+    assert!(project(&x, &w).is_none());
+}
+
+#[test]
+fn dot_handles_every_length() {
+    for n in [0, 1, 15, 16, 17, 33, 100] {
+        let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.25).collect();
+        let expected: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!(
+            (dot(&a, &b) - expected).abs() <= 1e-3 * (1.0 + expected.abs()),
+            "n={n}"
+        );
+    }
+}
