@@ -13,7 +13,7 @@ use std::any::Any;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_ndarray::NdArrayTensor;
-use ndarray::{Array2, ArrayView2, Axis, Ix2};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, Ix2};
 use rayon::prelude::*;
 
 use crate::backend::Cpu;
@@ -49,10 +49,7 @@ pub(crate) fn project<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<
     } else {
         matmul_transposed(x_view, w_view)
     };
-    let prim = NdArrayTensor::from(out.into_dyn().into_shared());
-    let boxed: Box<dyn Any> = Box::new(prim);
-    let prim = *boxed.downcast::<B::FloatTensorPrimitive>().ok()?;
-    Some(Tensor::from_primitive(TensorPrimitive::Float(prim)))
+    from_array(out.into_dyn())
 }
 
 /// The elements of `t` in row-major order, copied straight from memory on the plain CPU backend: burn's
@@ -75,45 +72,162 @@ pub(crate) fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> 
         .expect("converted to f32 just above")
 }
 
-/// `x W^T` with the `gemm` crate (runtime-selected AVX2/AVX-512 kernels), reading both operands in place.
-#[expect(unsafe_code, reason = "gemm's entry point takes raw pointers and strides")]
+/// `x W^T` with the `gemm` crate (runtime-selected SIMD kernels), reading both operands in place.
 fn matmul_transposed(x: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>) -> Array2<f32> {
     let (m, k, n) = (x.nrows(), x.ncols(), w.nrows());
     let mut out = Array2::<f32>::zeros((m, n));
-    let [x_rs, x_cs] = [x.strides()[0], x.strides()[1]];
-    let [w_rs, w_cs] = [w.strides()[0], w.strides()[1]];
-    let parallelism = if m * n * k >= 4 * PARALLEL_WORK {
+    let parallel = m * n * k >= 4 * PARALLEL_WORK;
+    gemm_into(out.view_mut(), x, w.t(), 1.0, parallel);
+    out
+}
+
+/// `dst = scale * a b` for any strides; `dst` must not overlap `a` or `b`.
+#[expect(unsafe_code, reason = "gemm's entry point takes raw pointers and strides")]
+fn gemm_into(
+    mut dst: ArrayViewMut2<'_, f32>,
+    a: ArrayView2<'_, f32>,
+    b: ArrayView2<'_, f32>,
+    scale: f32,
+    parallel: bool,
+) {
+    let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+    assert!(
+        b.nrows() == k && dst.nrows() == m && dst.ncols() == n,
+        "gemm operand shapes disagree"
+    );
+    let parallelism = if parallel {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the pointers come from live views of `m x k` and `n x k` elements with their own strides, and
-    // from `out`, a freshly allocated standard-layout `m x n` array that aliases neither input; gemm reads
-    // exactly those extents (the right-hand side is W^T, `k x n`, so its row stride is W's column stride).
+    let (d_rs, d_cs) = (dst.strides()[0], dst.strides()[1]);
+    // SAFETY: the shapes were checked above; every pointer comes from a live ndarray view with its own
+    // strides, so gemm reads `m x k` and `k x n` elements and writes `m x n` elements inside those views;
+    // `dst` is a mutable view, so it aliases neither input.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
+            dst.as_mut_ptr(),
+            d_cs,
+            d_rs,
             false,
-            x.as_ptr(),
-            x_cs,
-            x_rs,
-            w.as_ptr(),
-            w_rs,
-            w_cs,
+            a.as_ptr(),
+            a.strides()[1],
+            a.strides()[0],
+            b.as_ptr(),
+            b.strides()[1],
+            b.strides()[0],
             0.0,
-            1.0,
+            scale,
             false,
             false,
             false,
             parallelism,
         );
     }
-    out
+}
+
+/// Grouped-query attention `softmax(scale * q k^T + bias) v` on the plain CPU backend: per head, two gemm
+/// calls on views of `q`, `k` and `v` (no copies) around a fused masked softmax, heads in parallel.
+///
+/// `q` is `[batch, heads, len, d]`, `k` and `v` `[batch, kv_heads, keys, d]` (views of the cache are
+/// fine), `bias` `[batch, 1, 1, len, keys]`; returns `[batch, heads, len, d]`.
+pub(crate) fn attention<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    bias: &Tensor<B, 5>,
+    scale: f32,
+) -> Option<Tensor<B, 4>> {
+    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
+        return None;
+    }
+    let [batch, heads, len, d] = q.dims();
+    let [_, kv_heads, keys, _] = k.dims();
+    if bias.dims() != [batch, 1, 1, len, keys] || heads % kv_heads != 0 {
+        return None;
+    }
+    let groups = heads / kv_heads;
+    let prims = [q, k, v].map(|t| t.clone().into_primitive().tensor());
+    let b_prim = bias.clone().into_primitive().tensor();
+    let qv = f32_view::<B>(&prims[0])?
+        .into_dimensionality::<ndarray::Ix4>()
+        .ok()?;
+    let kv = f32_view::<B>(&prims[1])?
+        .into_dimensionality::<ndarray::Ix4>()
+        .ok()?;
+    let vv = f32_view::<B>(&prims[2])?
+        .into_dimensionality::<ndarray::Ix4>()
+        .ok()?;
+    let bv = f32_view::<B>(&b_prim)?;
+    let bias = bv.as_slice()?;
+    let threshold = crate::model::MASKED / 2.0;
+    let mut out = vec![0.0f32; batch * heads * len * d];
+    let head = |(i, block): (usize, &mut [f32])| {
+        let (b, h) = (i / heads, i % heads);
+        let g = h / groups;
+        let qh = qv.slice(ndarray::s![b, h, .., ..]);
+        let kh = kv.slice(ndarray::s![b, g, .., ..]);
+        let vh = vv.slice(ndarray::s![b, g, .., ..]);
+        let mut scores = Array2::<f32>::zeros((len, keys));
+        gemm_into(scores.view_mut(), qh, kh.t(), scale, false);
+        for (t, mut row) in scores.axis_iter_mut(Axis(0)).enumerate() {
+            let row = row.as_slice_mut().expect("rows of a fresh array are contiguous");
+            let mask = &bias[(b * len + t) * keys..(b * len + t + 1) * keys];
+            softmax_row(row, mask, threshold);
+        }
+        let out_h = ndarray::ArrayViewMut2::from_shape((len, d), block).expect("sized as len x d");
+        gemm_into(out_h, scores.view(), vh, 1.0, false);
+    };
+    if batch * heads * len * keys * d >= PARALLEL_WORK {
+        out.par_chunks_mut(len * d).enumerate().for_each(head);
+    } else {
+        out.chunks_mut(len * d).enumerate().for_each(head);
+    }
+    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[batch, heads, len, d]), out).ok()?;
+    from_array(array)
+}
+
+/// The f32 array inside a CPU tensor primitive.
+fn f32_view<B: Backend>(p: &B::FloatTensorPrimitive) -> Option<ndarray::ArrayViewD<'_, f32>> {
+    match (p as &dyn Any).downcast_ref::<NdArrayTensor>() {
+        Some(NdArrayTensor::F32(s)) => Some(s.view()),
+        _ => None,
+    }
+}
+
+/// In place: `row = softmax(row)` over the keys `mask` allows (above `threshold`); masked keys get 0.
+fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
+    let mut max = f32::NEG_INFINITY;
+    for (x, m) in row.iter().zip(mask) {
+        if *m > threshold && *x > max {
+            max = *x;
+        }
+    }
+    if max == f32::NEG_INFINITY {
+        // Every key masked (a padding row): attend uniformly, as an additive bias would.
+        let uniform = 1.0 / row.len() as f32;
+        row.fill(uniform);
+        return;
+    }
+    let mut sum = 0.0f32;
+    for (x, m) in row.iter_mut().zip(mask) {
+        *x = if *m > threshold { (*x - max).exp() } else { 0.0 };
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    for x in row.iter_mut() {
+        *x *= inv;
+    }
+}
+
+fn from_array<B: Backend, const D: usize>(array: ndarray::ArrayD<f32>) -> Option<Tensor<B, D>> {
+    let prim = NdArrayTensor::from(array.into_shared());
+    let boxed: Box<dyn Any> = Box::new(prim);
+    let prim = *boxed.downcast::<B::FloatTensorPrimitive>().ok()?;
+    Some(Tensor::from_primitive(TensorPrimitive::Float(prim)))
 }
 
 /// `x W^T` by dot products: each weight row is read once, for all input rows.

@@ -264,9 +264,15 @@ impl<B: Backend> Attention<B> {
             None => (k, v),
         };
         let keys = k.dims()[2];
+        let scale = 1.0 / (d as f64).sqrt();
+        if let Some(out) = crate::cpu::attention(&q, &k, &v, &input.bias, scale as f32) {
+            return self
+                .o_proj
+                .forward(out.swap_dims(1, 2).reshape([batch, len, nh * d]));
+        }
         // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
         let q = q.reshape([batch, nkv, groups * len, d]);
-        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (d as f64).sqrt());
+        let scores = q.matmul(k.swap_dims(2, 3)) * scale;
         let scores = scores.reshape([batch, nkv, groups, len, keys]) + input.bias.clone();
         let probs = softmax(scores, 4).reshape([batch, nkv, groups * len, keys]);
         let out = probs

@@ -56,3 +56,51 @@ fn dot_handles_every_length() {
         );
     }
 }
+
+#[test]
+fn fast_attention_matches_burns_ops() {
+    let mut rng = SplitMix64::new(5);
+    let (batch, heads, kv_heads, len, keys, d) = (2, 4, 2, 3, 7, 8);
+    let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
+        let data: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| rng.next_normal() as f32)
+            .collect();
+        Tensor::from_data(TensorData::new(data, shape), &Default::default())
+    };
+    let q = rand4([batch, heads, len, d], &mut rng);
+    // Keys and values as a view into a larger cache, the way the engine passes them.
+    let k = rand4([batch, kv_heads, keys + 5, d], &mut rng).slice([0..batch, 0..kv_heads, 0..keys, 0..d]);
+    let v = rand4([batch, kv_heads, keys + 5, d], &mut rng).slice([0..batch, 0..kv_heads, 0..keys, 0..d]);
+    let masked = crate::model::MASKED;
+    let bias: Vec<f32> = (0..batch * len * keys)
+        .map(|i| {
+            let (row, key) = (i / keys, i % keys);
+            if row == 1 || (row + key) % 3 == 0 {
+                masked
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let bias = Tensor::<Cpu, 5>::from_data(
+        TensorData::new(bias, [batch, 1, 1, len, keys]),
+        &Default::default(),
+    );
+    let scale = 0.35f32;
+    let fast = attention(&q, &k, &v, &bias, scale).expect("the CPU backend takes the fast path");
+    // Reference: repeat the key/value heads and use burn's softmax.
+    let groups = heads / kv_heads;
+    let expand = |t: Tensor<Cpu, 4>| {
+        t.unsqueeze_dim::<5>(2)
+            .repeat_dim(2, groups)
+            .reshape([batch, heads, keys, d])
+    };
+    let scores = q.matmul(expand(k).swap_dims(2, 3)) * scale + bias.reshape([batch, 1, len, keys]);
+    let slow = burn::tensor::activation::softmax(scores, 3).matmul(expand(v));
+    let (a, b) = (
+        fast.into_data().to_vec::<f32>().expect("f32"),
+        slow.into_data().to_vec::<f32>().expect("f32"),
+    );
+    let worst = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+    assert!(worst < 1e-5, "attention differs by {worst}");
+}
