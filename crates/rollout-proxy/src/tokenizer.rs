@@ -1,17 +1,22 @@
 //! The model's tokenizer (`tokenizer.json`, loaded with the HF `tokenizers` crate) and incremental
 //! detokenisation that never splits a UTF-8 character.
 
+mod fast;
 #[cfg(test)]
 mod tests;
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use fast::{ByteTable, FastEncoder};
 
-/// A Hugging Face tokenizer, plus the ids of its special tokens.
+/// A Hugging Face tokenizer, plus the ids of its special tokens and, for byte-level BPE tokenizers, a fast
+/// path for encoding and decoding that gives the same ids and text.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     special: Vec<bool>,
+    fast: Option<FastEncoder>,
+    bytes: Option<ByteTable>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -59,12 +64,29 @@ impl Tokenizer {
                 *slot = true;
             }
         }
-        Ok(Self { inner, special })
+        let config: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
+        let fast = FastEncoder::new(&config, |content| inner.token_to_id(content));
+        let bytes = ByteTable::new(&config, size, |id| inner.id_to_token(id));
+        Ok(Self {
+            inner,
+            special,
+            fast,
+            bytes,
+        })
     }
 
-    /// Encodes `text` without adding special tokens (special tokens written in the text are still
-    /// recognised), as `apply_chat_template(tokenize=True)` does.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+    /// Whether encoding takes the byte-level fast path (see the `fast` module).
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// Whether decoding maps ids to bytes directly (a `ByteLevel` decoder).
+    pub fn has_byte_table(&self) -> bool {
+        self.bytes.is_some()
+    }
+
+    /// Encodes with `tokenizers` itself, never the fast path (what the fast path is checked against).
+    pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self
             .inner
             .encode_fast(text, false)
@@ -73,6 +95,19 @@ impl Tokenizer {
                 message: format!("encoding failed: {e}"),
             })?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Encodes `text` without adding special tokens (special tokens written in the text are still
+    /// recognised), as `apply_chat_template(tokenize=True)` does.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        if let Some(ids) = self
+            .fast
+            .as_ref()
+            .and_then(|f| f.encode(self.inner.get_model(), text))
+        {
+            return Ok(ids);
+        }
+        self.encode_reference(text)
     }
 
     /// Decodes `ids`; with `skip_special`, special tokens are left out.
@@ -117,6 +152,8 @@ pub struct IncrementalDecoder {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    /// Byte-level tokenizers: bytes of an incomplete character, waiting for the rest.
+    pending: Vec<u8>,
 }
 
 impl IncrementalDecoder {
@@ -127,6 +164,14 @@ impl IncrementalDecoder {
 
     /// Adds `id` and returns the text it completes, if any.
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<Option<String>> {
+        if let Some(table) = &tokenizer.bytes {
+            if tokenizer.is_special(id) {
+                return Ok(None);
+            }
+            self.pending.extend_from_slice(table.bytes(id));
+            let text = take_utf8(&mut self.pending);
+            return Ok((!text.is_empty()).then_some(text));
+        }
         self.ids.push(id);
         let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..], true)?;
@@ -155,6 +200,11 @@ impl IncrementalDecoder {
 
     /// The text still held back at the end of the sequence (an incomplete character decodes as U+FFFD).
     pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+        if tokenizer.bytes.is_some() {
+            let rest = String::from_utf8_lossy(&self.pending).into_owned();
+            self.pending.clear();
+            return Ok(rest);
+        }
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }
@@ -164,4 +214,37 @@ impl IncrementalDecoder {
         self.read_offset = self.ids.len();
         Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
     }
+}
+
+/// Takes the text at the start of `pending` that is complete: valid UTF-8, with a replacement character
+/// for each invalid sequence (as a lossy decoding of the whole would have), leaving an incomplete
+/// character at the end in place.
+fn take_utf8(pending: &mut Vec<u8>) -> String {
+    let mut out = String::new();
+    let mut at = 0;
+    loop {
+        match std::str::from_utf8(&pending[at..]) {
+            Ok(text) => {
+                out.push_str(text);
+                at = pending.len();
+                break;
+            }
+            Err(e) => {
+                let valid = at + e.valid_up_to();
+                out.push_str(std::str::from_utf8(&pending[at..valid]).expect("checked valid"));
+                match e.error_len() {
+                    Some(n) => {
+                        out.push('\u{FFFD}');
+                        at = valid + n;
+                    }
+                    None => {
+                        at = valid;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    pending.drain(..at);
+    out
 }

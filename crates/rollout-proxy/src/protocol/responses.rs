@@ -262,7 +262,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Re
     if let Some(keep) = keep {
         keep.store(&summary, &response);
     }
-    Ok(axum::Json(response).into_response())
+    Ok(axum::Json(&response).into_response())
 }
 
 /// What to store of a response once it is complete.
@@ -274,7 +274,8 @@ struct Keep {
 }
 
 impl Keep {
-    fn store(self, summary: &Summary, response: &Value) {
+    fn store(self, summary: &Summary, response: &ResponseObject<'_>) {
+        let response = serde_json::to_value(response).unwrap_or_default();
         let mut store = self.state.store();
         if let Ok(session) = store.get_mut(&self.session) {
             session.responses.insert(
@@ -283,7 +284,7 @@ impl Keep {
                     previous: self.previous,
                     input: self.input,
                     output: summary.message(),
-                    response: response.clone(),
+                    response,
                 },
             );
         }
@@ -524,52 +525,94 @@ fn output_items(summary: &Summary) -> Vec<Value> {
     out
 }
 
+#[derive(Serialize)]
+struct ResponseUsage {
+    input_tokens: usize,
+    input_tokens_details: Value,
+    output_tokens: usize,
+    output_tokens_details: Value,
+    total_tokens: usize,
+}
+
+/// The response object, borrowing what it echoes.
+#[derive(Serialize)]
+struct ResponseObject<'a> {
+    id: &'a str,
+    object: &'static str,
+    created_at: u64,
+    status: &'static str,
+    error: Option<Value>,
+    incomplete_details: Option<Value>,
+    instructions: &'a Value,
+    max_output_tokens: &'a Value,
+    model: &'a str,
+    output: &'a [Value],
+    parallel_tool_calls: bool,
+    previous_response_id: Option<&'a str>,
+    reasoning: &'a Value,
+    store: bool,
+    temperature: &'a Value,
+    text: &'a Value,
+    tool_choice: &'a Value,
+    tools: &'a Value,
+    top_p: &'a Value,
+    truncation: &'static str,
+    usage: Option<ResponseUsage>,
+    metadata: &'a Value,
+}
+
+/// A `response.*` event carrying the whole response.
+#[derive(Serialize)]
+struct ResponseEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+    response: ResponseObject<'a>,
+}
+
 /// The response object; `summary` is `None` while it is in progress.
-fn response_object(
-    echo: &Echo,
-    id: &str,
+fn response_object<'a>(
+    echo: &'a Echo,
+    id: &'a str,
     created: u64,
-    output: &[Value],
+    output: &'a [Value],
     summary: Option<&Summary>,
-) -> Value {
-    let (status, incomplete) = match summary.map(|s| s.finish) {
-        None => ("in_progress", Value::Null),
-        Some(FinishKind::Length) => ("incomplete", json!({"reason": "max_output_tokens"})),
-        Some(_) => ("completed", Value::Null),
+) -> ResponseObject<'a> {
+    let (status, incomplete_details) = match summary.map(|s| s.finish) {
+        None => ("in_progress", None),
+        Some(FinishKind::Length) => ("incomplete", Some(json!({"reason": "max_output_tokens"}))),
+        Some(_) => ("completed", None),
     };
-    let usage = summary.map_or(Value::Null, |s| {
-        json!({
-            "input_tokens": s.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": s.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": s.prompt_tokens + s.completion_tokens,
-        })
-    });
-    json!({
-        "id": id,
-        "object": "response",
-        "created_at": created,
-        "status": status,
-        "error": null,
-        "incomplete_details": incomplete,
-        "instructions": echo.instructions,
-        "max_output_tokens": echo.max_output_tokens,
-        "model": echo.model,
-        "output": output,
-        "parallel_tool_calls": echo.parallel_tool_calls,
-        "previous_response_id": echo.previous_response_id,
-        "reasoning": echo.reasoning,
-        "store": echo.store,
-        "temperature": echo.temperature,
-        "text": echo.text,
-        "tool_choice": echo.tool_choice,
-        "tools": echo.tools,
-        "top_p": echo.top_p,
-        "truncation": "disabled",
-        "usage": usage,
-        "metadata": echo.metadata,
-    })
+    ResponseObject {
+        id,
+        object: "response",
+        created_at: created,
+        status,
+        error: None,
+        incomplete_details,
+        instructions: &echo.instructions,
+        max_output_tokens: &echo.max_output_tokens,
+        model: &echo.model,
+        output,
+        parallel_tool_calls: echo.parallel_tool_calls,
+        previous_response_id: echo.previous_response_id.as_deref(),
+        reasoning: &echo.reasoning,
+        store: echo.store,
+        temperature: &echo.temperature,
+        text: &echo.text,
+        tool_choice: &echo.tool_choice,
+        tools: &echo.tools,
+        top_p: &echo.top_p,
+        truncation: "disabled",
+        usage: summary.map(|s| ResponseUsage {
+            input_tokens: s.prompt_tokens,
+            input_tokens_details: json!({"cached_tokens": 0}),
+            output_tokens: s.completion_tokens,
+            output_tokens_details: json!({"reasoning_tokens": 0}),
+            total_tokens: s.prompt_tokens + s.completion_tokens,
+        }),
+        metadata: &echo.metadata,
+    }
 }
 
 /// The output item a stream has open.
@@ -747,9 +790,15 @@ impl ResponsesStream {
 
 impl SseProtocol for ResponsesStream {
     fn start(&mut self, _generation: &Generation, out: &mut BytesMut) {
-        let response = response_object(&self.echo, &self.id, self.created, &[], None);
-        self.emit(out, "response.created", json!({"response": response}));
-        self.emit(out, "response.in_progress", json!({"response": response}));
+        for name in ["response.created", "response.in_progress"] {
+            let event = ResponseEvent {
+                kind: name,
+                sequence_number: self.sequence,
+                response: response_object(&self.echo, &self.id, self.created, &[], None),
+            };
+            sse::event(out, name, &event);
+            self.sequence += 1;
+        }
     }
 
     fn events(&mut self, events: &[GenEvent], out: &mut BytesMut) {
@@ -794,7 +843,13 @@ impl SseProtocol for ResponsesStream {
         } else {
             "response.completed"
         };
-        self.emit(out, name, json!({"response": response}));
+        let event = ResponseEvent {
+            kind: name,
+            sequence_number: self.sequence,
+            response,
+        };
+        sse::event(out, name, &event);
+        self.sequence += 1;
     }
 
     fn error(&mut self, error: &ApiError, out: &mut BytesMut) {
@@ -805,8 +860,14 @@ impl SseProtocol for ResponsesStream {
             ApiErrorKind::ContextLengthExceeded => "context_length_exceeded",
             _ => "server_error",
         };
-        response["status"] = json!("failed");
-        response["error"] = json!({"code": code, "message": error.message});
-        self.emit(out, "response.failed", json!({"response": response}));
+        response.status = "failed";
+        response.error = Some(json!({"code": code, "message": error.message}));
+        let event = ResponseEvent {
+            kind: "response.failed",
+            sequence_number: self.sequence,
+            response,
+        };
+        sse::event(out, "response.failed", &event);
+        self.sequence += 1;
     }
 }
