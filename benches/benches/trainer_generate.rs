@@ -117,6 +117,8 @@ impl Peer {
             .arg(script)
             .arg(dir)
             .env("TRANSFORMERS_VERBOSITY", "error")
+            // Idle OpenMP workers must sleep, not spin, while burn is being measured.
+            .env("OMP_WAIT_POLICY", "PASSIVE")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -188,7 +190,12 @@ fn main() -> Result<()> {
                 elapsed
             })
         });
-        let per_run = median(samples.lock().expect("not poisoned").clone());
+        let samples = samples.lock().expect("not poisoned").clone();
+        if samples.is_empty() {
+            // Filtered out on the command line.
+            continue;
+        }
+        let per_run = median(samples);
         rows.push((w.name, w.tokens() as f64 / per_run.as_secs_f64(), theirs, threads));
     }
     group.finish();
