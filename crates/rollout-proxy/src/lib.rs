@@ -9,13 +9,18 @@
 //! What it deliberately does not do: it never names burn or any model implementation (engines plug in
 //! through [`InferenceEngine`]), it depends on no other workspace crate, and it does not translate between
 //! protocols through a gateway: each protocol is served natively on the protocol-neutral core
-//! ([`generation`], [`sse`], [`error::Protocol`]).
+//! ([`generation`], [`sse`], [`error::Protocol`]). It runs no provider-side tools (web search and the like
+//! are left out of the rendered tools) and keeps no state across sessions: stored Responses chains live
+//! and die with their session.
 //!
 //! Entry points:
 //!
 //! - [`ProxyState::new`] with a [`ProxyConfig`], a [`ChatModel`] ([`ChatModel::from_dir`]) and an
 //!   `Arc<dyn InferenceEngine>`; then [`router`] for tests (no socket needed), or [`ProxyServer::start`] /
 //!   [`serve`] to listen without naming the HTTP stack.
+//! - Protocols: Chat Completions (`/v1/chat/completions`), Anthropic Messages (`/v1/messages`,
+//!   `/v1/messages/count_tokens`) and Responses (`/v1/responses`, `GET /v1/responses/{id}`), each also
+//!   without the `/v1` prefix; the control endpoints of reference section 6.4.
 //! - Engines: [`FakeEngine`] (deterministic, for tests and benches), [`SglangEngine`] (SGLang's native
 //!   `/generate`), and [`generate_router`], which serves any engine over SGLang's `/generate`.
 //! - Reusable pieces: [`template::ChatTemplate`] (HF chat templates), [`tokenizer::Tokenizer`] and
