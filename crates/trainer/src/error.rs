@@ -38,6 +38,15 @@ pub enum Error {
     /// The requested compute device is not available in this build.
     #[error("device {0} is not available: {1}")]
     Device(String, String),
+    /// A training setting is out of range (the message names the field and the value).
+    #[error("invalid training config: {0}")]
+    TrainConfig(String),
+    /// A training batch is malformed (the message names the sequence, the field and the value).
+    #[error("invalid training batch: {0}")]
+    Batch(String),
+    /// A checkpoint could not be written or read back.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: PathBuf, message: String },
 }
 
 /// The crate's result type.
@@ -54,6 +63,13 @@ impl Error {
 
     pub(crate) fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
         Self::Config {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn checkpoint(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Self::Checkpoint {
             path: path.into(),
             message: message.into(),
         }

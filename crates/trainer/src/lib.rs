@@ -19,22 +19,31 @@
 //! - [`model::CausalLm`]: the burn module, generic over the backend, for training code in this crate.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod config;
 mod cpu;
 mod engine;
 pub mod error;
 pub mod model;
+pub mod optim;
 pub mod policy;
 pub mod rope;
 pub mod sampling;
+pub mod train;
 pub mod weights;
 
 pub use backend::DeviceKind;
+pub use checkpoint::{Checkpoint, Checkpoints, Staged};
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::{Error, Result};
+pub use optim::{AdamWConfig, LrSchedule, ScheduleKind};
 pub use policy::{
     Completion, FinishReason, GenerationEvent, GenerationRequest, GenerationStream, Logits, Policy,
     PolicyOptions, SwapReceipt,
 };
 pub use sampling::SamplingParams;
+pub use train::{
+    AdvNorm, KlEstimator, LossAggregation, NormLevel, PpoConfig, RlBatch, SftBatch, SftSequence, StepStats,
+    TrainConfig, TrainSequence, Trainer, TrainerOptions,
+};
 pub use weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};

@@ -1,0 +1,323 @@
+//! Training: [`Trainer`], the handle crates above use (not generic over the burn backend), with GRPO and
+//! supervised steps, its state on disk, and checkpoints.
+//!
+//! A step packs its sequences into micro-batches of at most `max_tokens_per_mb` tokens (`pack`), runs each
+//! forward and backward (`forward`, `loss`), sums the gradients into one store, clips their global norm and
+//! takes one AdamW step at the schedule's rate (`learner`, [`crate::optim`]). Statistics come back as a
+//! [`StepStats`].
+//!
+//! The state a step depends on is the weights, the AdamW moments and the step count; the update draws no
+//! random numbers (no dropout, a deterministic packing), so that state restored from disk continues a run
+//! bit for bit on the CPU. Callers keep their own generators' state in the checkpoint's opaque blob.
+
+pub mod batch;
+pub mod config;
+mod cpu;
+pub(crate) mod forward;
+pub(crate) mod kernels;
+pub(crate) mod learner;
+pub(crate) mod loss;
+pub(crate) mod pack;
+pub mod stats;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+pub use batch::{RlBatch, SftBatch, SftSequence, TrainSequence};
+pub use config::{AdvNorm, KlEstimator, LossAggregation, NormLevel, PpoConfig, TrainConfig};
+pub use stats::{Range, StepStats};
+
+use crate::backend::DeviceKind;
+use crate::checkpoint::{Checkpoint, Checkpoints};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};
+use kernels::Kernels;
+use learner::Learner;
+
+/// The optimiser moments inside a saved state.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The step count and settings inside a saved state.
+pub const STATE_FILE: &str = "trainer_state.json";
+
+/// Where and how a [`Trainer`] computes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrainerOptions {
+    /// The device (CUDA needs the `cuda` feature).
+    pub device: DeviceKind,
+    /// Matrix products in bf16 with f32 master weights and f32 everything else (CUDA only).
+    pub bf16_autocast: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedState {
+    format: u32,
+    steps: u64,
+    config: TrainConfig,
+}
+
+/// What [`Trainer`] needs from a backend-specific learner.
+trait Engine: Send {
+    fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats>;
+    fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats>;
+    fn weights(&self) -> Weights;
+    fn steps(&self) -> u64;
+    fn config(&self) -> &TrainConfig;
+    fn set_config(&mut self, config: TrainConfig) -> Result<()>;
+    fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>>;
+    fn optimizer_host(&self) -> BTreeMap<String, HostTensor>;
+    fn restore(
+        &mut self,
+        weights: &Weights,
+        moments: &BTreeMap<String, HostTensor>,
+        steps: u64,
+    ) -> Result<()>;
+}
+
+impl<A: AutodiffBackend + Kernels> Engine for Learner<A>
+where
+    A::InnerBackend: Kernels,
+    Learner<A>: Send,
+{
+    fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats> {
+        Learner::grpo_step(self, batch)
+    }
+    fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
+        Learner::sft_step(self, batch)
+    }
+    fn weights(&self) -> Weights {
+        Learner::weights(self)
+    }
+    fn steps(&self) -> u64 {
+        Learner::steps(self)
+    }
+    fn config(&self) -> &TrainConfig {
+        Learner::config(self)
+    }
+    fn set_config(&mut self, config: TrainConfig) -> Result<()> {
+        Learner::set_config(self, config)
+    }
+    fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
+        Learner::logprobs(self, sequences, temperature)
+    }
+    fn optimizer_host(&self) -> BTreeMap<String, HostTensor> {
+        Learner::optimizer_host(self)
+    }
+    fn restore(
+        &mut self,
+        weights: &Weights,
+        moments: &BTreeMap<String, HostTensor>,
+        steps: u64,
+    ) -> Result<()> {
+        Learner::restore(self, weights, moments, steps)
+    }
+}
+
+/// A policy being trained: the model, its optimiser state and (with a KL penalty) the frozen reference.
+pub struct Trainer {
+    engine: Box<dyn Engine>,
+    model_config: ModelConfig,
+    folder: Option<ModelFolder>,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("architecture", &self.model_config.architecture)
+            .field("steps", &self.engine.steps())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Trainer {
+    /// Starts training `weights` of a `model_config` model. With `kl_ctl > 0` they are also the reference.
+    pub fn new(
+        model_config: ModelConfig,
+        weights: &Weights,
+        config: TrainConfig,
+        options: TrainerOptions,
+    ) -> Result<Self> {
+        let engine: Box<dyn Engine> = match options.device {
+            DeviceKind::Cpu => {
+                if options.bf16_autocast {
+                    return Err(Error::Device(
+                        "cpu".to_string(),
+                        "bf16 autocast needs a CUDA device".to_string(),
+                    ));
+                }
+                Box::new(Learner::<crate::backend::CpuAutodiff>::new(
+                    &model_config,
+                    weights,
+                    config,
+                    &Default::default(),
+                    false,
+                )?)
+            }
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda(i) => Box::new(Learner::<crate::backend::CudaAutodiff>::new(
+                &model_config,
+                weights,
+                config,
+                &burn_cuda::CudaDevice::new(i),
+                options.bf16_autocast,
+            )?),
+            #[cfg(not(feature = "cuda"))]
+            DeviceKind::Cuda(_) => {
+                return Err(Error::Device(
+                    options.device.to_string(),
+                    "this build has no `cuda` feature".to_string(),
+                ));
+            }
+        };
+        Ok(Self {
+            engine,
+            model_config,
+            folder: None,
+        })
+    }
+
+    /// Starts training the Hugging Face folder `dir`; its tokenizer files travel into every saved state.
+    pub fn load(dir: &Path, config: TrainConfig, options: TrainerOptions) -> Result<Self> {
+        let folder = ModelFolder::open(dir)?;
+        let weights = Weights::load_dir(dir)?;
+        let mut trainer = Self::new(folder.config.clone(), &weights, config, options)?;
+        trainer.folder = Some(folder);
+        Ok(trainer)
+    }
+
+    /// The model's config.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model_config
+    }
+
+    /// The training settings.
+    pub fn config(&self) -> &TrainConfig {
+        self.engine.config()
+    }
+
+    /// Replaces the training settings (moments and step count stay; turning the KL penalty on needs a
+    /// trainer built with it on).
+    pub fn set_config(&mut self, config: TrainConfig) -> Result<()> {
+        self.engine.set_config(config)
+    }
+
+    /// Optimiser steps taken so far (restored ones included).
+    pub fn steps(&self) -> u64 {
+        self.engine.steps()
+    }
+
+    /// One GRPO step: the decoupled PPO-clip loss of the batch, one optimiser update.
+    pub fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats> {
+        self.engine.grpo_step(batch)
+    }
+
+    /// One supervised step: token-level cross-entropy on the masked tokens, one optimiser update.
+    pub fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
+        self.engine.sft_step(batch)
+    }
+
+    /// The current weights on the host (for a weight swap or a save).
+    pub fn weights(&self) -> Weights {
+        self.engine.weights()
+    }
+
+    /// The log-probability of every token of each sequence given its prefix under the current weights, at
+    /// `temperature` (0 for the first token).
+    pub fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
+        self.engine.logprobs(sequences, temperature)
+    }
+
+    /// Writes the training state into `dir`: the model as a Hugging Face folder in f32 (`config.json`,
+    /// `generation_config.json`, `model.safetensors`, and the source folder's tokenizer files), the AdamW
+    /// moments (`optimizer.safetensors`) and the step count and settings (`trainer_state.json`).
+    pub fn save_state(&self, dir: &Path) -> Result<()> {
+        save_pretrained(dir, &self.model_config, &self.weights(), SaveDtype::F32, None)?;
+        if let Some(folder) = &self.folder {
+            folder.copy_tokenizer_files(dir)?;
+        }
+        write_tensors(&dir.join(OPTIMIZER_FILE), &self.engine.optimizer_host())?;
+        let state = SavedState {
+            format: 1,
+            steps: self.steps(),
+            config: self.config().clone(),
+        };
+        let path = dir.join(STATE_FILE);
+        let text = serde_json::to_vec_pretty(&state).expect("the state always serialises");
+        std::fs::write(&path, text).map_err(|e| Error::io("writing", &path, e))
+    }
+
+    /// Restores the state [`Trainer::save_state`] wrote in `dir`: weights, moments and step count (the
+    /// settings stay those of this trainer; the reference policy stays the weights it was built with).
+    pub fn load_state(&mut self, dir: &Path) -> Result<()> {
+        let saved_config = ModelConfig::from_file(&dir.join("config.json"))?;
+        if saved_config.to_hf_json() != self.model_config.to_hf_json() {
+            return Err(Error::checkpoint(
+                dir,
+                "its config.json describes another model than the one being trained",
+            ));
+        }
+        let state_path = dir.join(STATE_FILE);
+        let text = std::fs::read(&state_path).map_err(|e| Error::io("reading", &state_path, e))?;
+        let state: SavedState = serde_json::from_slice(&text).map_err(|source| Error::Json {
+            path: state_path.clone(),
+            source,
+        })?;
+        if state.format != 1 {
+            return Err(Error::checkpoint(
+                dir,
+                format!("trainer state format {} is not supported", state.format),
+            ));
+        }
+        let weights = Weights::load_dir(dir)?;
+        let moments_file = Weights::load_file(&dir.join(OPTIMIZER_FILE))?;
+        let moments: BTreeMap<String, HostTensor> = moments_file
+            .names()
+            .filter_map(|n| moments_file.get(n).map(|t| (n.to_string(), t.clone())))
+            .collect();
+        self.engine.restore(&weights, &moments, state.steps)
+    }
+
+    /// Saves a checkpoint of the current step under `checkpoints` with the caller's opaque state, keeping
+    /// the newest `keep_last` (0 keeps all).
+    pub fn save_checkpoint(
+        &self,
+        checkpoints: &Checkpoints,
+        caller_state: &[u8],
+        keep_last: usize,
+    ) -> Result<Checkpoint> {
+        checkpoints.save(self.steps(), caller_state, keep_last, |dir| self.save_state(dir))
+    }
+
+    /// Restores a checkpoint; returns the caller's opaque state.
+    pub fn resume(&mut self, checkpoint: &Checkpoint) -> Result<Vec<u8>> {
+        self.load_state(&checkpoint.dir)?;
+        checkpoint.caller_state()
+    }
+}
+
+/// Writes named f32 tensors as one safetensors file.
+fn write_tensors(path: &Path, tensors: &BTreeMap<String, HostTensor>) -> Result<()> {
+    let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let bytes = t.data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name.clone(), t.shape.clone(), bytes)
+        })
+        .collect();
+    let views = encoded
+        .iter()
+        .map(|(name, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| Error::weights(path, format!("tensor `{name}`: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::serialize_to_file(views, None, path)
+        .map_err(|e| Error::weights(path, format!("writing: {e}")))
+}

@@ -1,0 +1,384 @@
+//! The CPU training kernels plugged into burn: [`Kernels`] for the plain CPU backend (forward only) and for
+//! `Autodiff<Cpu>`, where each fused operation is one autodiff node with its own backward pass.
+//!
+//! Each node keeps what its backward pass reads (inputs, and for attention and the output projection the
+//! probabilities), computes with the array kernels of `cpu/math.rs`, and registers the gradients of the
+//! parents that require them. Tests compare every kernel with burn's own differentiation of the provided
+//! methods.
+
+mod math;
+
+use std::sync::Arc;
+
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_ndarray::NdArrayTensor;
+use ndarray::{Ix1, Ix2, Ix3};
+
+use crate::backend::{Cpu, CpuAutodiff};
+use crate::train::kernels::{Kernels, RopeRows};
+use crate::train::pack::Run;
+use math::{AttnSaved, LogitsSaved};
+
+fn view<D: ndarray::Dimension>(p: &NdArrayTensor) -> ndarray::ArrayView<'_, f32, D> {
+    match p {
+        NdArrayTensor::F32(s) => s
+            .view()
+            .into_dimensionality::<D>()
+            .expect("the training kernels are called with tensors of their rank"),
+        _ => panic!("the CPU training kernels run in f32"),
+    }
+}
+
+fn primitive<D: ndarray::Dimension>(a: ndarray::Array<f32, D>) -> NdArrayTensor {
+    NdArrayTensor::from(a.into_dyn().into_shared())
+}
+
+fn tensor<const D: usize>(p: NdArrayTensor) -> Tensor<Cpu, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+fn targets(t: &[i64]) -> Vec<usize> {
+    t.iter()
+        .map(|&t| usize::try_from(t).expect("targets are token ids"))
+        .collect()
+}
+
+impl Kernels for Cpu {
+    fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, _autocast: bool) -> Tensor<Self, 2> {
+        let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+        tensor(primitive(math::matmul(view::<Ix2>(&x), view::<Ix2>(&w).t(), 1.0)))
+    }
+
+    fn rms_norm(x: Tensor<Self, 2>, w: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
+        let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+        let (y, _) = math::rms_forward(view::<Ix2>(&x), view::<Ix1>(&w), eps as f32);
+        tensor(primitive(y))
+    }
+
+    fn rope(x: Tensor<Self, 3>, rows: &RopeRows<Self>) -> Tensor<Self, 3> {
+        let x = x.into_primitive().tensor();
+        tensor(primitive(math::rope(
+            view::<Ix3>(&x),
+            &rows.cos_host,
+            &rows.sin_host,
+            false,
+        )))
+    }
+
+    fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let (g, u) = (gate.into_primitive().tensor(), up.into_primitive().tensor());
+        tensor(primitive(math::swiglu_forward(view::<Ix2>(&g), view::<Ix2>(&u))))
+    }
+
+    fn packed_attention(
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        runs: &[Run],
+        scale: f64,
+        _autocast: bool,
+    ) -> Tensor<Self, 2> {
+        let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
+        let (out, _) = math::attention_forward(
+            view::<Ix3>(&q),
+            view::<Ix3>(&k),
+            view::<Ix3>(&v),
+            runs,
+            scale as f32,
+            false,
+        );
+        tensor(primitive(out))
+    }
+
+    fn token_logp(
+        h: Tensor<Self, 2>,
+        w: Tensor<Self, 2>,
+        t: &[i64],
+        temperature: f64,
+        _autocast: bool,
+    ) -> Tensor<Self, 2> {
+        let (h, w) = (h.into_primitive().tensor(), w.into_primitive().tensor());
+        let (out, _) = math::logits_forward(
+            view::<Ix2>(&h),
+            view::<Ix2>(&w),
+            &targets(t),
+            (1.0 / temperature) as f32,
+            false,
+        );
+        tensor(primitive(out))
+    }
+}
+
+#[derive(Debug)]
+struct ProjectBackward;
+
+impl Backward<Cpu, 2> for ProjectBackward {
+    type State = (NdArrayTensor, NdArrayTensor);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let dy = grads.consume::<Cpu>(&ops.node);
+        let (x, w) = ops.state;
+        let (dy, x, w) = (view::<Ix2>(&dy), view::<Ix2>(&x), view::<Ix2>(&w));
+        if let Some(node) = node_x {
+            grads.register::<Cpu>(node.id, primitive(math::matmul(dy, w, 1.0)));
+        }
+        if let Some(node) = node_w {
+            grads.register::<Cpu>(node.id, primitive(math::matmul(dy.t(), x, 1.0)));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl Backward<Cpu, 2> for RmsNormBackward {
+    type State = (NdArrayTensor, NdArrayTensor, Arc<Vec<f32>>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let dy = grads.consume::<Cpu>(&ops.node);
+        let (x, w, inv) = ops.state;
+        let (dx, dw) = math::rms_backward(view::<Ix2>(&dy), view::<Ix2>(&x), view::<Ix1>(&w), &inv);
+        if let Some(node) = node_x {
+            grads.register::<Cpu>(node.id, primitive(dx));
+        }
+        if let Some(node) = node_w {
+            grads.register::<Cpu>(node.id, primitive(dw));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RopeBackward;
+
+impl Backward<Cpu, 1> for RopeBackward {
+    type State = (Arc<Vec<f32>>, Arc<Vec<f32>>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dy = grads.consume::<Cpu>(&ops.node);
+        let (cos, sin) = ops.state;
+        if let Some(node) = node_x {
+            let dx = math::rope(view::<Ix3>(&dy), &cos, &sin, true);
+            grads.register::<Cpu>(node.id, primitive(dx));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl Backward<Cpu, 2> for SwigluBackward {
+    type State = (NdArrayTensor, NdArrayTensor);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_g, node_u] = ops.parents;
+        let dy = grads.consume::<Cpu>(&ops.node);
+        let (g, u) = ops.state;
+        let (dg, du) = math::swiglu_backward(view::<Ix2>(&dy), view::<Ix2>(&g), view::<Ix2>(&u));
+        if let Some(node) = node_g {
+            grads.register::<Cpu>(node.id, primitive(dg));
+        }
+        if let Some(node) = node_u {
+            grads.register::<Cpu>(node.id, primitive(du));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl Backward<Cpu, 3> for AttentionBackward {
+    type State = (NdArrayTensor, NdArrayTensor, NdArrayTensor, Arc<AttnSaved>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let dout = grads.consume::<Cpu>(&ops.node);
+        let (q, k, v, saved) = ops.state;
+        let (dq, dk, dv) = math::attention_backward(
+            view::<Ix2>(&dout),
+            view::<Ix3>(&q),
+            view::<Ix3>(&k),
+            view::<Ix3>(&v),
+            &saved,
+        );
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<Cpu>(node.id, primitive(grad));
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LogitsBackward;
+
+impl Backward<Cpu, 2> for LogitsBackward {
+    type State = (NdArrayTensor, NdArrayTensor, Arc<LogitsSaved>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_h, node_w] = ops.parents;
+        let g = grads.consume::<Cpu>(&ops.node);
+        let (h, w, saved) = ops.state;
+        // The probabilities become the logits' gradient in place when nothing else holds them.
+        let saved = Arc::try_unwrap(saved).unwrap_or_else(|shared| LogitsSaved {
+            probs: shared.probs.clone(),
+            entropy: shared.entropy.clone(),
+            targets: shared.targets.clone(),
+            inv_temperature: shared.inv_temperature,
+        });
+        let (dh, dw) = math::logits_backward(view::<Ix2>(&g), view::<Ix2>(&h), view::<Ix2>(&w), saved);
+        if let Some(node) = node_h {
+            grads.register::<Cpu>(node.id, primitive(dh));
+        }
+        if let Some(node) = node_w {
+            grads.register::<Cpu>(node.id, primitive(dw));
+        }
+    }
+}
+
+fn autodiff<const D: usize>(p: burn::tensor::ops::FloatTensor<CpuAutodiff>) -> Tensor<CpuAutodiff, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+impl Kernels for CpuAutodiff {
+    fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, _autocast: bool) -> Tensor<Self, 2> {
+        let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+        let y = primitive(math::matmul(
+            view::<Ix2>(&x.primitive),
+            view::<Ix2>(&w.primitive).t(),
+            1.0,
+        ));
+        autodiff(
+            match ProjectBackward
+                .prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive), y),
+                OpsKind::UnTracked(prep) => prep.finish(y),
+            },
+        )
+    }
+
+    fn rms_norm(x: Tensor<Self, 2>, w: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
+        let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+        let (y, inv) = math::rms_forward(view::<Ix2>(&x.primitive), view::<Ix1>(&w.primitive), eps as f32);
+        let y = primitive(y);
+        autodiff(
+            match RmsNormBackward
+                .prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive, Arc::new(inv)), y),
+                OpsKind::UnTracked(prep) => prep.finish(y),
+            },
+        )
+    }
+
+    fn rope(x: Tensor<Self, 3>, rows: &RopeRows<Self>) -> Tensor<Self, 3> {
+        let x = x.into_primitive().tensor();
+        let y = primitive(math::rope(
+            view::<Ix3>(&x.primitive),
+            &rows.cos_host,
+            &rows.sin_host,
+            false,
+        ));
+        autodiff(
+            match RopeBackward
+                .prepare::<NoCheckpointing>([x.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish((rows.cos_host.clone(), rows.sin_host.clone()), y),
+                OpsKind::UnTracked(prep) => prep.finish(y),
+            },
+        )
+    }
+
+    fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let (g, u) = (gate.into_primitive().tensor(), up.into_primitive().tensor());
+        let y = primitive(math::swiglu_forward(
+            view::<Ix2>(&g.primitive),
+            view::<Ix2>(&u.primitive),
+        ));
+        autodiff(
+            match SwigluBackward
+                .prepare::<NoCheckpointing>([g.node.clone(), u.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish((g.primitive, u.primitive), y),
+                OpsKind::UnTracked(prep) => prep.finish(y),
+            },
+        )
+    }
+
+    fn packed_attention(
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        runs: &[Run],
+        scale: f64,
+        _autocast: bool,
+    ) -> Tensor<Self, 2> {
+        let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
+        let prep = AttentionBackward
+            .prepare::<NoCheckpointing>([q.node.clone(), k.node.clone(), v.node.clone()])
+            .compute_bound()
+            .stateful();
+        let keep = matches!(prep, OpsKind::Tracked(_));
+        let (out, saved) = math::attention_forward(
+            view::<Ix3>(&q.primitive),
+            view::<Ix3>(&k.primitive),
+            view::<Ix3>(&v.primitive),
+            runs,
+            scale as f32,
+            keep,
+        );
+        let out = primitive(out);
+        autodiff(match prep {
+            OpsKind::Tracked(prep) => {
+                let saved = Arc::new(saved.expect("probabilities are kept for tracked passes"));
+                prep.finish((q.primitive, k.primitive, v.primitive, saved), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        })
+    }
+
+    fn token_logp(
+        h: Tensor<Self, 2>,
+        w: Tensor<Self, 2>,
+        t: &[i64],
+        temperature: f64,
+        _autocast: bool,
+    ) -> Tensor<Self, 2> {
+        let (h, w) = (h.into_primitive().tensor(), w.into_primitive().tensor());
+        let prep = LogitsBackward
+            .prepare::<NoCheckpointing>([h.node.clone(), w.node.clone()])
+            .compute_bound()
+            .stateful();
+        let keep = matches!(prep, OpsKind::Tracked(_));
+        let (out, saved) = math::logits_forward(
+            view::<Ix2>(&h.primitive),
+            view::<Ix2>(&w.primitive),
+            &targets(t),
+            (1.0 / temperature) as f32,
+            keep,
+        );
+        let out = primitive(out);
+        autodiff(match prep {
+            OpsKind::Tracked(prep) => {
+                let saved = Arc::new(saved.expect("probabilities are kept for tracked passes"));
+                prep.finish((h.primitive, w.primitive, saved), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        })
+    }
+}

@@ -1,0 +1,549 @@
+//! The array side of the CPU training kernels: forward and backward of each fused operation on ndarray
+//! views, without burn. Rows are independent, so large inputs are split over rayon by rows.
+
+use ndarray::{Array1, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Zip, s};
+use rayon::prelude::*;
+
+use crate::train::pack::Run;
+
+/// Below this many multiply-adds a product stays on one thread.
+const PARALLEL_WORK: usize = 1 << 18;
+/// Elementwise work is split over threads above this many elements.
+const PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// `e^x` to about 1 ulp (Cephes' polynomial after reduction by powers of two), written so the compiler
+/// vectorises loops over it; inputs below -87.3 give about 1e-38 instead of 0.
+#[inline(always)]
+pub(crate) fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a rounding instruction.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.336_54, 88.722_83);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// Sum with eight independent accumulators (so the loop vectorises).
+fn sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
+}
+
+/// Dot product with eight independent accumulators.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Applies `f` to each row of `out` with its index, in parallel when the array is large.
+fn rows_mut(out: &mut Array2<f32>, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let (rows, cols) = out.dim();
+    let slice = out.as_slice_mut().expect("fresh arrays are contiguous");
+    if rows * cols >= PARALLEL_ELEMENTS && rows > 1 {
+        slice
+            .par_chunks_mut(cols.max(1))
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        slice
+            .chunks_mut(cols.max(1))
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// `dst = scale * a b (+ dst when accumulating)` for any strides; `dst` must not overlap `a` or `b`.
+#[expect(unsafe_code, reason = "gemm's entry point takes raw pointers and strides")]
+pub(crate) fn gemm_into(
+    mut dst: ArrayViewMut2<'_, f32>,
+    a: ArrayView2<'_, f32>,
+    b: ArrayView2<'_, f32>,
+    scale: f32,
+    accumulate: bool,
+) {
+    let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+    assert!(
+        b.nrows() == k && dst.nrows() == m && dst.ncols() == n,
+        "gemm operand shapes disagree"
+    );
+    // Inside a rayon task the caller already runs in parallel.
+    let parallelism = if m * n * k >= PARALLEL_WORK && rayon::current_thread_index().is_none() {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    let (d_rs, d_cs) = (dst.strides()[0], dst.strides()[1]);
+    // SAFETY: the shapes were checked above; every pointer comes from a live ndarray view with its own
+    // strides, so gemm reads `m x k` and `k x n` elements and writes `m x n` elements inside those views;
+    // `dst` is a mutable view, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            d_cs,
+            d_rs,
+            accumulate,
+            a.as_ptr(),
+            a.strides()[1],
+            a.strides()[0],
+            b.as_ptr(),
+            b.strides()[1],
+            b.strides()[0],
+            if accumulate { 1.0 } else { 0.0 },
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// `a b` into a fresh array.
+pub(crate) fn matmul(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, scale: f32) -> Array2<f32> {
+    let mut out = Array2::zeros((a.nrows(), b.ncols()));
+    gemm_into(out.view_mut(), a, b, scale, false);
+    out
+}
+
+/// RMSNorm forward: `y = x / rms(x) * w`; also returns each row's `1 / rms`.
+pub(crate) fn rms_forward(
+    x: ArrayView2<'_, f32>,
+    w: ArrayView1<'_, f32>,
+    eps: f32,
+) -> (Array2<f32>, Vec<f32>) {
+    let x = x.as_standard_layout();
+    let w = w.to_vec();
+    let dim = x.ncols();
+    let xs = x.as_slice().expect("standard layout");
+    let inv: Vec<f32> = xs
+        .chunks(dim.max(1))
+        .map(|xr| 1.0 / (dot(xr, xr) / dim as f32 + eps).sqrt())
+        .collect();
+    let mut y = Array2::<f32>::zeros(x.dim());
+    rows_mut(&mut y, |i, row| {
+        let xr = &xs[i * dim..(i + 1) * dim];
+        for ((o, a), b) in row.iter_mut().zip(xr).zip(&w) {
+            *o = a * inv[i] * b;
+        }
+    });
+    (y, inv)
+}
+
+/// RMSNorm backward: `(dx, dw)`.
+pub(crate) fn rms_backward(
+    dy: ArrayView2<'_, f32>,
+    x: ArrayView2<'_, f32>,
+    w: ArrayView1<'_, f32>,
+    inv: &[f32],
+) -> (Array2<f32>, Array1<f32>) {
+    let (dy, x) = (dy.as_standard_layout(), x.as_standard_layout());
+    let w = w.to_vec();
+    let dim = x.ncols();
+    let (dys, xs) = (dy.as_slice().expect("standard"), x.as_slice().expect("standard"));
+    let mut dx = Array2::<f32>::zeros(x.dim());
+    rows_mut(&mut dx, |i, row| {
+        let (dyr, xr, r) = (&dys[i * dim..(i + 1) * dim], &xs[i * dim..(i + 1) * dim], inv[i]);
+        // a = dy * w; dx = r a - x r^3 (a . x) / dim
+        let mut ax = 0.0;
+        for j in 0..dim {
+            ax += dyr[j] * w[j] * xr[j];
+        }
+        let c = r * r * r * ax / dim as f32;
+        for j in 0..dim {
+            row[j] = r * dyr[j] * w[j] - xr[j] * c;
+        }
+    });
+    let mut dw = Array1::<f32>::zeros(dim);
+    for i in 0..x.nrows() {
+        let (dyr, xr, r) = (&dys[i * dim..(i + 1) * dim], &xs[i * dim..(i + 1) * dim], inv[i]);
+        for (j, d) in dw.iter_mut().enumerate() {
+            *d += dyr[j] * xr[j] * r;
+        }
+    }
+    (dx, dw)
+}
+
+/// RoPE forward (`inverse = false`) or its transpose (`inverse = true`, the backward pass) on
+/// `[rows, heads, d]` with per-row `cos`/`sin` `[rows * d]`.
+pub(crate) fn rope(x: ArrayView3<'_, f32>, cos: &[f32], sin: &[f32], inverse: bool) -> Array3<f32> {
+    let x = x.as_standard_layout();
+    let (rows, heads, d) = x.dim();
+    let half = d / 2;
+    let xs = x.as_slice().expect("standard layout");
+    let mut out = Array2::<f32>::zeros((rows, heads * d));
+    let sign = if inverse { -1.0 } else { 1.0 };
+    rows_mut(&mut out, |t, row| {
+        let (c, s) = (&cos[t * d..t * d + half], &sin[t * d..t * d + half]);
+        for h in 0..heads {
+            let base = t * heads * d + h * d;
+            let (x1, x2) = (&xs[base..base + half], &xs[base + half..base + d]);
+            let (o1, o2) = row[h * d..(h + 1) * d].split_at_mut(half);
+            for j in 0..half {
+                o1[j] = x1[j] * c[j] - sign * x2[j] * s[j];
+                o2[j] = x2[j] * c[j] + sign * x1[j] * s[j];
+            }
+        }
+    });
+    out.into_shape_with_order((rows, heads, d))
+        .expect("the same number of elements")
+}
+
+/// `silu(g) * u`.
+pub(crate) fn swiglu_forward(g: ArrayView2<'_, f32>, u: ArrayView2<'_, f32>) -> Array2<f32> {
+    let (g, u) = (g.as_standard_layout(), u.as_standard_layout());
+    let cols = g.ncols();
+    let (gs, us) = (g.as_slice().expect("standard"), u.as_slice().expect("standard"));
+    let mut out = Array2::<f32>::zeros(g.dim());
+    rows_mut(&mut out, |i, row| {
+        let (gr, ur) = (&gs[i * cols..(i + 1) * cols], &us[i * cols..(i + 1) * cols]);
+        for j in 0..cols {
+            row[j] = gr[j] / (1.0 + fast_exp(-gr[j])) * ur[j];
+        }
+    });
+    out
+}
+
+/// The backward pass of [`swiglu_forward`]: `(dg, du)`.
+pub(crate) fn swiglu_backward(
+    dy: ArrayView2<'_, f32>,
+    g: ArrayView2<'_, f32>,
+    u: ArrayView2<'_, f32>,
+) -> (Array2<f32>, Array2<f32>) {
+    let (dy, g, u) = (
+        dy.as_standard_layout(),
+        g.as_standard_layout(),
+        u.as_standard_layout(),
+    );
+    let cols = g.ncols();
+    let (dys, gs, us) = (
+        dy.as_slice().expect("standard"),
+        g.as_slice().expect("standard"),
+        u.as_slice().expect("standard"),
+    );
+    let mut dg = Array2::<f32>::zeros(g.dim());
+    let mut du = Array2::<f32>::zeros(g.dim());
+    rows_mut(&mut du, |i, row| {
+        let (dyr, gr) = (&dys[i * cols..(i + 1) * cols], &gs[i * cols..(i + 1) * cols]);
+        for j in 0..cols {
+            row[j] = dyr[j] * gr[j] / (1.0 + fast_exp(-gr[j]));
+        }
+    });
+    rows_mut(&mut dg, |i, row| {
+        let r = i * cols..(i + 1) * cols;
+        let (dyr, gr, ur) = (&dys[r.clone()], &gs[r.clone()], &us[r]);
+        for j in 0..cols {
+            let s = 1.0 / (1.0 + fast_exp(-gr[j]));
+            row[j] = dyr[j] * ur[j] * s * (1.0 + gr[j] * (1.0 - s));
+        }
+    });
+    (dg, du)
+}
+
+/// What the fused output projection keeps for its backward pass.
+#[derive(Debug)]
+pub(crate) struct LogitsSaved {
+    /// Softmax probabilities `[N, vocab]`.
+    pub(crate) probs: Array2<f32>,
+    /// Entropy of each row.
+    pub(crate) entropy: Vec<f32>,
+    pub(crate) targets: Vec<usize>,
+    pub(crate) inv_temperature: f32,
+}
+
+/// `logits = h W^T / T`, then per row `[log p(target), entropy]`; keeps the probabilities when `keep`.
+pub(crate) fn logits_forward(
+    h: ArrayView2<'_, f32>,
+    w: ArrayView2<'_, f32>,
+    targets: &[usize],
+    inv_temperature: f32,
+    keep: bool,
+) -> (Array2<f32>, Option<LogitsSaved>) {
+    let mut z = matmul(h, w.t(), inv_temperature);
+    let vocab = z.ncols();
+    let n = z.nrows();
+    let mut out = Array2::<f32>::zeros((n, 2));
+    let stats: Vec<(f32, f32)> = {
+        let slice = z.as_slice_mut().expect("fresh arrays are contiguous");
+        let per_row = |(i, row): (usize, &mut [f32])| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let target = row[targets[i]];
+            let zdot_unnorm = {
+                // e_j = exp(z_j - max), kept in place; sum e_j and sum e_j z_j for the entropy.
+                let mut ez = [0.0f32; 8];
+                let mut chunks = row.chunks_exact_mut(8);
+                for c in &mut chunks {
+                    for (a, v) in ez.iter_mut().zip(c.iter_mut()) {
+                        let e = fast_exp(*v - max);
+                        *a += e * *v;
+                        *v = e;
+                    }
+                }
+                let mut tail = 0.0;
+                for v in chunks.into_remainder() {
+                    let e = fast_exp(*v - max);
+                    tail += e * *v;
+                    *v = e;
+                }
+                ez.iter().sum::<f32>() + tail
+            };
+            let total = sum(row);
+            let lse = max + total.ln();
+            let inv = 1.0 / total;
+            row.iter_mut().for_each(|v| *v *= inv);
+            (target - lse, lse - zdot_unnorm * inv)
+        };
+        if n * vocab >= PARALLEL_ELEMENTS {
+            slice.par_chunks_mut(vocab).enumerate().map(per_row).collect()
+        } else {
+            slice.chunks_mut(vocab).enumerate().map(per_row).collect()
+        }
+    };
+    for (i, (logp, ent)) in stats.iter().enumerate() {
+        out[[i, 0]] = *logp;
+        out[[i, 1]] = *ent;
+    }
+    let saved = keep.then(|| LogitsSaved {
+        probs: z,
+        entropy: stats.iter().map(|s| s.1).collect(),
+        targets: targets.to_vec(),
+        inv_temperature,
+    });
+    (out, saved)
+}
+
+/// The backward pass of [`logits_forward`] from the gradient `[N, 2]` of `[logp, entropy]`: `(dh, dw)`.
+/// Consumes the saved probabilities (they become the logits' gradient).
+pub(crate) fn logits_backward(
+    grad: ArrayView2<'_, f32>,
+    h: ArrayView2<'_, f32>,
+    w: ArrayView2<'_, f32>,
+    saved: LogitsSaved,
+) -> (Array2<f32>, Array2<f32>) {
+    let LogitsSaved {
+        probs: mut dz,
+        entropy,
+        targets,
+        inv_temperature,
+    } = saved;
+    let vocab = dz.ncols();
+    let gl: Vec<f32> = grad.column(0).to_vec();
+    let gh: Vec<f32> = grad.column(1).to_vec();
+    rows_mut(&mut dz, |i, row| {
+        // d logp / dz_j = [j = t] - p_j;  d H / dz_j = -p_j (log p_j + H).
+        let (a, b) = (gl[i], gh[i]);
+        if b == 0.0 {
+            row.iter_mut().for_each(|p| *p *= -a * inv_temperature);
+        } else {
+            let hrow = entropy[i];
+            for p in row.iter_mut() {
+                let lp = if *p > 0.0 { p.ln() } else { 0.0 };
+                *p = (-a * *p - b * *p * (lp + hrow)) * inv_temperature;
+            }
+        }
+        row[targets[i]] += a * inv_temperature;
+    });
+    debug_assert_eq!(dz.ncols(), vocab);
+    let dh = matmul(dz.view(), w, 1.0);
+    let dw = matmul(dz.t(), h, 1.0);
+    (dh, dw)
+}
+
+/// One `(sequence, key/value head)` block of attention: `start..start + len` rows, kv head `g`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    start: usize,
+    len: usize,
+    g: usize,
+}
+
+fn blocks(runs: &[Run], kv_heads: usize) -> Vec<Block> {
+    let mut out = Vec::new();
+    for run in runs {
+        for i in 0..run.count {
+            for g in 0..kv_heads {
+                out.push(Block {
+                    start: run.start + i * run.len,
+                    len: run.len,
+                    g,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// In place: each row `i` becomes the softmax of its first `i + 1` entries, later entries 0.
+fn causal_softmax(p: &mut Array2<f32>) {
+    for (i, mut row) in p.rows_mut().into_iter().enumerate() {
+        let row = row.as_slice_mut().expect("rows of a fresh array are contiguous");
+        let (live, dead) = row.split_at_mut(i + 1);
+        let max = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        live.iter_mut().for_each(|x| *x = fast_exp(*x - max));
+        let inv = 1.0 / sum(live);
+        live.iter_mut().for_each(|x| *x *= inv);
+        dead.fill(0.0);
+    }
+}
+
+/// What the attention forward pass keeps for its backward pass: the probabilities of each block's heads.
+#[derive(Debug)]
+pub(crate) struct AttnSaved {
+    blocks: Vec<Block>,
+    probs: Vec<Vec<Array2<f32>>>,
+    scale: f32,
+}
+
+/// `f(i)` for every block index, in parallel when there is enough work.
+fn run_blocks<T: Send>(n: usize, work: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    if work >= PARALLEL_WORK {
+        (0..n).into_par_iter().map(f).collect()
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
+/// Attention forward: returns `[rows, heads * d]` and, when `keep`, the probabilities.
+pub(crate) fn attention_forward(
+    q: ArrayView3<'_, f32>,
+    k: ArrayView3<'_, f32>,
+    v: ArrayView3<'_, f32>,
+    runs: &[Run],
+    scale: f32,
+    keep: bool,
+) -> (Array2<f32>, Option<AttnSaved>) {
+    let (rows, nh, d) = q.dim();
+    let nkv = k.dim().1;
+    let groups = nh / nkv;
+    let blocks = blocks(runs, nkv);
+    let work: usize = runs.iter().map(|r| r.count * r.len * r.len * d * nh).sum();
+    let results = run_blocks(blocks.len(), work, |i| {
+        let b = &blocks[i];
+        let span = b.start..b.start + b.len;
+        let kg = k.slice(s![span.clone(), b.g, ..]);
+        let vg = v.slice(s![span.clone(), b.g, ..]);
+        let mut probs = Vec::with_capacity(groups);
+        let mut outs = Vec::with_capacity(groups);
+        for j in 0..groups {
+            let qh = q.slice(s![span.clone(), b.g * groups + j, ..]);
+            let mut p = matmul(qh, kg.t(), scale);
+            causal_softmax(&mut p);
+            outs.push(matmul(p.view(), vg, 1.0));
+            if keep {
+                probs.push(p);
+            }
+        }
+        (probs, outs)
+    });
+    let mut out = Array2::<f32>::zeros((rows, nh * d));
+    let mut kept = Vec::with_capacity(if keep { blocks.len() } else { 0 });
+    for (b, (probs, outs)) in blocks.iter().zip(results) {
+        for (j, o) in outs.iter().enumerate() {
+            let h = b.g * groups + j;
+            out.slice_mut(s![b.start..b.start + b.len, h * d..(h + 1) * d])
+                .assign(o);
+        }
+        if keep {
+            kept.push(probs);
+        }
+    }
+    let saved = keep.then(|| AttnSaved {
+        blocks,
+        probs: kept,
+        scale,
+    });
+    (out, saved)
+}
+
+/// Attention backward: gradients of `q`, `k` and `v` from the output's gradient `[rows, heads * d]`.
+pub(crate) fn attention_backward(
+    dout: ArrayView2<'_, f32>,
+    q: ArrayView3<'_, f32>,
+    k: ArrayView3<'_, f32>,
+    v: ArrayView3<'_, f32>,
+    saved: &AttnSaved,
+) -> (Array3<f32>, Array3<f32>, Array3<f32>) {
+    let (rows, nh, d) = q.dim();
+    let nkv = k.dim().1;
+    let groups = nh / nkv;
+    let scale = saved.scale;
+    let dout = dout.as_standard_layout();
+    let dout = dout
+        .view()
+        .into_shape_with_order((rows, nh, d))
+        .expect("the output gradient is [rows, heads * d]");
+    let blocks = &saved.blocks;
+    let work: usize = blocks.iter().map(|b| b.len * b.len * d * groups).sum();
+    let results = run_blocks(blocks.len(), work, |i| {
+        let b = &blocks[i];
+        let span = b.start..b.start + b.len;
+        let kg = k.slice(s![span.clone(), b.g, ..]);
+        let vg = v.slice(s![span.clone(), b.g, ..]);
+        let mut dk = Array2::<f32>::zeros((b.len, d));
+        let mut dv = Array2::<f32>::zeros((b.len, d));
+        let mut dqs = Vec::with_capacity(groups);
+        for (j, p) in saved.probs[i].iter().enumerate() {
+            let h = b.g * groups + j;
+            let qh = q.slice(s![span.clone(), h, ..]);
+            let doh = dout.slice(s![span.clone(), h, ..]);
+            gemm_into(dv.view_mut(), p.t(), doh, 1.0, true);
+            // dS = P (dP - rowsum(P dP)), with dP = dO V^T; only the causal part is non-zero.
+            let mut ds = matmul(doh, vg.t(), 1.0);
+            for (r, (mut ds_row, p_row)) in ds.axis_iter_mut(Axis(0)).zip(p.axis_iter(Axis(0))).enumerate() {
+                let ds_row = ds_row.as_slice_mut().expect("fresh arrays are contiguous");
+                let p_row = p_row.to_slice().expect("fresh arrays are contiguous");
+                let live = dot(&ds_row[..=r], &p_row[..=r]);
+                Zip::from(&mut ds_row[..=r])
+                    .and(&p_row[..=r])
+                    .for_each(|x, &pv| *x = pv * (*x - live));
+                ds_row[r + 1..].fill(0.0);
+            }
+            dqs.push(matmul(ds.view(), kg, scale));
+            gemm_into(dk.view_mut(), ds.t(), qh, scale, true);
+        }
+        (dqs, dk, dv)
+    });
+    let mut dq = Array3::<f32>::zeros((rows, nh, d));
+    let mut dk = Array3::<f32>::zeros((rows, nkv, d));
+    let mut dv = Array3::<f32>::zeros((rows, nkv, d));
+    for (b, (dqs, dkb, dvb)) in blocks.iter().zip(results) {
+        let span = b.start..b.start + b.len;
+        for (j, dqh) in dqs.iter().enumerate() {
+            dq.slice_mut(s![span.clone(), b.g * groups + j, ..]).assign(dqh);
+        }
+        dk.slice_mut(s![span.clone(), b.g, ..]).assign(&dkb);
+        dv.slice_mut(s![span, b.g, ..]).assign(&dvb);
+    }
+    (dq, dk, dv)
+}

@@ -1,0 +1,197 @@
+//! The operations of the training forward pass, as a trait each training backend implements: projections,
+//! RMSNorm, RoPE, SwiGLU, causal attention over packed sequences, and the output projection fused with the
+//! log-softmax, the target's log-probability and the entropy.
+//!
+//! The provided methods are plain burn tensor operations (differentiated by burn's autodiff; used on CUDA and
+//! by the `f64` gradient checks). The CPU backends override every one of them with kernels that read operands
+//! in place and, under autodiff, bring their own backward pass (`train/cpu.rs`): burn-ndarray copies every
+//! strided matmul operand and takes several allocating passes per elementwise chain, so a training step spent
+//! more time moving memory than multiplying.
+
+use std::sync::Arc;
+
+use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Element, FloatDType, Int, Tensor, TensorData};
+
+use crate::model::MASKED;
+use crate::train::pack::Run;
+
+/// The float type of backend `B`'s tensors. Backends on the same device share its default dtype (burn keys
+/// device settings by device), so training code names the element type explicitly: an `f64` backend used
+/// next to the `f32` one must still compute in `f64`.
+pub(crate) fn float_dtype<B: Backend>() -> DType {
+    <B::FloatElem as Element>::dtype()
+}
+
+/// A float tensor of `B`'s element type from host `f32` data.
+pub(crate) fn host_tensor<B: Backend, const D: usize>(
+    data: Vec<f32>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(data, shape), (device, float_dtype::<B>()))
+}
+
+/// Matrix product, in bf16 with f32 results when `autocast` is on.
+pub(crate) fn mm<B: Backend, const D: usize>(
+    a: Tensor<B, D>,
+    b: Tensor<B, D>,
+    autocast: bool,
+) -> Tensor<B, D> {
+    if autocast {
+        a.cast(FloatDType::BF16)
+            .matmul(b.cast(FloatDType::BF16))
+            .cast(FloatDType::F32)
+    } else {
+        a.matmul(b)
+    }
+}
+
+fn causal_bias<B: Backend>(n: usize, device: &B::Device) -> Tensor<B, 5> {
+    let mut bias = vec![0.0f32; n * n];
+    for q in 0..n {
+        for k in q + 1..n {
+            bias[q * n + k] = MASKED;
+        }
+    }
+    host_tensor(bias, [1, 1, 1, n, n], device)
+}
+
+/// The rotary tables of one packed row: `cos` and `sin` per row, `head_dim` wide (the half-table twice), on
+/// the host and as `[rows, 1, head_dim]` tensors.
+pub(crate) struct RopeRows<B: Backend> {
+    pub(crate) cos_host: Arc<Vec<f32>>,
+    pub(crate) sin_host: Arc<Vec<f32>>,
+    pub(crate) cos: Tensor<B, 3>,
+    pub(crate) sin: Tensor<B, 3>,
+}
+
+impl<B: Backend> RopeRows<B> {
+    pub(crate) fn new(
+        cos: Vec<f32>,
+        sin: Vec<f32>,
+        rows: usize,
+        head_dim: usize,
+        device: &B::Device,
+    ) -> Self {
+        Self {
+            cos: host_tensor(cos.clone(), [rows, 1, head_dim], device),
+            sin: host_tensor(sin.clone(), [rows, 1, head_dim], device),
+            cos_host: Arc::new(cos),
+            sin_host: Arc::new(sin),
+        }
+    }
+}
+
+/// The training forward pass's operations on one backend.
+pub(crate) trait Kernels: Backend {
+    /// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`.
+    fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, autocast: bool) -> Tensor<Self, 2> {
+        mm(x, w.transpose(), autocast)
+    }
+
+    /// RMSNorm over the last dimension of `x` `[rows, dim]` with scale `w` `[dim]`.
+    fn rms_norm(x: Tensor<Self, 2>, w: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
+        let ms = (x.clone() * x.clone()).mean_dim(1);
+        x / (ms + eps).sqrt() * w.unsqueeze::<2>()
+    }
+
+    /// Rotary embedding (Hugging Face's half-rotation layout) on `x` `[rows, heads, head_dim]`.
+    fn rope(x: Tensor<Self, 3>, rows: &RopeRows<Self>) -> Tensor<Self, 3> {
+        let [t, h, d] = x.dims();
+        let half = d / 2;
+        let x1 = x.clone().slice([0..t, 0..h, 0..half]);
+        let x2 = x.clone().slice([0..t, 0..h, half..d]);
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 2);
+        x * rows.cos.clone() + rotated * rows.sin.clone()
+    }
+
+    /// `silu(gate) * up`.
+    fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        gate.clone() / (gate.neg().exp() + 1.0) * up
+    }
+
+    /// Causal attention within each sequence of a packed row: `q` `[rows, heads, d]` and `k`, `v`
+    /// `[rows, kv_heads, d]` (after RoPE), `runs` covering the rows; returns `[rows, heads * d]`.
+    fn packed_attention(
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        runs: &[Run],
+        scale: f64,
+        autocast: bool,
+    ) -> Tensor<Self, 2> {
+        let [_, nh, d] = q.dims();
+        let nkv = k.dims()[1];
+        let groups = nh / nkv;
+        let device = q.device();
+        let mut outs = Vec::with_capacity(runs.len());
+        for run in runs {
+            let (c, n) = (run.count, run.len);
+            let span = run.start..run.start + c * n;
+            // Heads of one key/value group are adjacent, so grouped-query attention is a reshape.
+            let qs = q
+                .clone()
+                .slice([span.clone(), 0..nh, 0..d])
+                .reshape([c, n, nh, d])
+                .swap_dims(1, 2)
+                .reshape([c, nkv, groups * n, d]);
+            let ks = k
+                .clone()
+                .slice([span.clone(), 0..nkv, 0..d])
+                .reshape([c, n, nkv, d])
+                .swap_dims(1, 2);
+            let vs = v
+                .clone()
+                .slice([span, 0..nkv, 0..d])
+                .reshape([c, n, nkv, d])
+                .swap_dims(1, 2);
+            let scores = mm(qs, ks.swap_dims(2, 3), autocast) * scale;
+            let scores = scores.reshape([c, nkv, groups, n, n]) + causal_bias::<Self>(n, &device);
+            let probs = softmax(scores, 4).reshape([c, nkv, groups * n, n]);
+            let out = mm(probs, vs, autocast)
+                .reshape([c, nh, n, d])
+                .swap_dims(1, 2)
+                .reshape([c * n, nh * d]);
+            outs.push(out);
+        }
+        if outs.len() == 1 {
+            outs.pop().expect("one run")
+        } else {
+            Tensor::cat(outs, 0)
+        }
+    }
+
+    /// The output projection of hidden states `h` `[N, hidden]` with `w` `[vocab, hidden]`, divided by
+    /// `temperature`, then per row the log-probability of `targets[i]` and the entropy: `[N, 2]`.
+    fn token_logp(
+        h: Tensor<Self, 2>,
+        w: Tensor<Self, 2>,
+        targets: &[i64],
+        temperature: f64,
+        autocast: bool,
+    ) -> Tensor<Self, 2> {
+        let n = targets.len();
+        let logits = Self::project(h, w, autocast);
+        let logits = if temperature == 1.0 {
+            logits
+        } else {
+            logits / temperature
+        };
+        let log_probs = log_softmax(logits, 1);
+        let device = log_probs.device();
+        let targets: Tensor<Self, 2, Int> =
+            Tensor::from_data(TensorData::new(targets.to_vec(), [n, 1]), &device);
+        let logp = log_probs.clone().gather(1, targets);
+        let entropy = (log_probs.clone().exp() * log_probs).sum_dim(1).neg();
+        Tensor::cat(vec![logp, entropy], 1)
+    }
+}
+
+impl Kernels for burn_ndarray::NdArray<f64> {}
+impl Kernels for burn_autodiff::Autodiff<burn_ndarray::NdArray<f64>> {}
+#[cfg(feature = "cuda")]
+impl Kernels for crate::backend::Cuda {}
+#[cfg(feature = "cuda")]
+impl Kernels for crate::backend::CudaAutodiff {}

@@ -1,0 +1,99 @@
+//! Micro-batches: sequences packed into one row of at most `max_tokens_per_mb` tokens (first-fit
+//! decreasing, as the reference allocates them), each keeping its own positions and attending only to itself.
+//!
+//! A sequence is cut after its last trained token (later tokens cannot influence the loss of a causal model),
+//! and sequences with no trained token are left out. Within a row, sequences are ordered longest first, so
+//! equal lengths sit next to each other and their attention runs as one batched product.
+
+/// One sequence's place in a packed row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Segment {
+    /// Index of the sequence in the batch.
+    pub(crate) seq: usize,
+    /// First row of the segment in the packed row.
+    pub(crate) start: usize,
+    /// Tokens of the segment (the sequence up to its last trained token).
+    pub(crate) len: usize,
+}
+
+/// A run of adjacent segments of the same length: `count` segments of `len` tokens from row `start`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) count: usize,
+}
+
+/// The host side of one forward pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Packed {
+    /// Token ids of the packed row.
+    pub(crate) tokens: Vec<i64>,
+    /// Position of each row inside its own sequence.
+    pub(crate) positions: Vec<usize>,
+    /// The segments, in row order.
+    pub(crate) segments: Vec<Segment>,
+    /// Runs of equal-length segments, covering the row.
+    pub(crate) runs: Vec<Run>,
+    /// For each trained token: the row whose output predicts it.
+    pub(crate) rows: Vec<i64>,
+    /// For each trained token: its id.
+    pub(crate) targets: Vec<i64>,
+    /// For each trained token: `(sequence, position)` in the batch.
+    pub(crate) origin: Vec<(usize, usize)>,
+}
+
+impl Packed {
+    /// Number of trained tokens.
+    pub(crate) fn trained(&self) -> usize {
+        self.targets.len()
+    }
+}
+
+/// The length a sequence contributes: up to and including its last trained token; 0 when nothing is trained.
+pub(crate) fn effective_len(mask: &[bool]) -> usize {
+    mask.iter().rposition(|&m| m).map_or(0, |last| last + 1)
+}
+
+/// Assigns sequences (by effective length; zero-length ones are skipped) to micro-batches of at most
+/// `max_tokens` tokens, first-fit decreasing; each micro-batch lists its sequences longest first.
+pub(crate) fn plan(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).filter(|&i| lengths[i] > 0).collect();
+    order.sort_by(|&a, &b| lengths[b].cmp(&lengths[a]).then(a.cmp(&b)));
+    let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
+    for i in order {
+        let len = lengths[i];
+        match bins.iter_mut().find(|(used, _)| used + len <= max_tokens) {
+            Some((used, seqs)) => {
+                *used += len;
+                seqs.push(i);
+            }
+            None => bins.push((len, vec![i])),
+        }
+    }
+    bins.into_iter().map(|(_, seqs)| seqs).collect()
+}
+
+/// Packs the sequences `order` (tokens and masks by batch index) into one row.
+pub(crate) fn pack(tokens: &[&[u32]], masks: &[&[bool]], order: &[usize]) -> Packed {
+    let mut p = Packed::default();
+    for &seq in order {
+        let len = effective_len(masks[seq]);
+        let start = p.tokens.len();
+        p.tokens.extend(tokens[seq][..len].iter().map(|&t| i64::from(t)));
+        p.positions.extend(0..len);
+        for t in 1..len {
+            if masks[seq][t] {
+                p.rows.push((start + t - 1) as i64);
+                p.targets.push(i64::from(tokens[seq][t]));
+                p.origin.push((seq, t));
+            }
+        }
+        match p.runs.last_mut() {
+            Some(run) if run.len == len => run.count += 1,
+            _ => p.runs.push(Run { start, len, count: 1 }),
+        }
+        p.segments.push(Segment { seq, start, len });
+    }
+    p
+}
