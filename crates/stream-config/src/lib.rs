@@ -52,8 +52,8 @@ pub use projection::{Projection, project_streams, render_streams_yaml};
 pub use redact::{REDACTED, is_sensitive_key, redact};
 pub use schema::{
     ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
-    GenerationConfig, MetricsSection, ModelEngine, ModelSection, NormConfig, NormLevel, ProxySection,
-    ReasoningParser, RolloutSection, RunConfig, ToolCallParser,
+    GenerationConfig, KlEstimator, LossAggMode, LrSchedulerType, MetricsSection, ModelEngine, ModelSection,
+    NormConfig, NormLevel, ProxySection, ReasoningParser, RolloutSection, RunConfig, ToolCallParser,
 };
 pub use stream::{
     RewardRef, STREAM_FIELDS, StreamConfig, load_stream_configs, load_stream_configs_with_env,

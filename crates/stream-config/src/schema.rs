@@ -152,18 +152,106 @@ impl Default for NormConfig {
     }
 }
 
+/// The per-token KL estimator of the penalty to the reference policy (the reference's `kl_estimator`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KlEstimator {
+    /// `log(pi / pi_ref)`.
+    #[default]
+    K1,
+    /// `log(pi / pi_ref)^2 / 2`.
+    K2,
+    /// `pi_ref / pi - 1 - log(pi_ref / pi)` (non-negative).
+    K3,
+}
+
+/// How per-token losses are averaged into the step's loss (the reference's `loss_agg_mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LossAggMode {
+    /// Mean over every trained token of the batch.
+    #[default]
+    #[serde(rename = "token-mean")]
+    TokenMean,
+    /// Mean over each sequence's trained tokens, then over sequences.
+    #[serde(rename = "seq-mean-token-mean")]
+    SeqMeanTokenMean,
+}
+
+/// The learning-rate schedule after warm-up (the reference's `optimizer.lr_scheduler_type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrSchedulerType {
+    /// The base rate throughout.
+    #[default]
+    Constant,
+    /// Linear decay to `min_lr_ratio` times the base rate at the last step.
+    Linear,
+    /// Half-cosine decay to `min_lr_ratio` times the base rate at the last step.
+    Cosine,
+}
+
 /// The `actor` section: the policy and its GRPO update.
+///
+/// The reference nests the optimiser's knobs under `actor.optimizer` and the micro-batch budget under
+/// `actor.mb_spec`; here they sit directly in `actor`, next to `lr`, under the reference's names (`eps` is
+/// `adam_eps`, so it is not mistaken for a clip range).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ActorConfig {
     /// Training-time reward normalisation; null disables it.
     pub reward_norm: Option<NormConfig>,
-    /// Advantage normalisation; null disables it.
+    /// Advantage normalisation over trained tokens, applied by the trainer; null disables it.
     pub adv_norm: Option<NormConfig>,
     /// Learning rate.
     pub lr: f64,
     /// PPO clip range of the policy ratio.
     pub eps_clip: f64,
+    /// Upper clip range when it differs from `eps_clip` (DAPO's clip-higher); null uses `eps_clip`.
+    pub eps_clip_higher: Option<f64>,
+    /// Dual clip: a negative-advantage token's loss is capped at `c_clip * |A|` (must be > 1); null disables it.
+    pub c_clip: Option<f64>,
+    /// Use the decoupled PPO objective: clip against the proximal policy (the weights before the step) and
+    /// weight each token by `pi_prox / pi_behave`, for rollouts sampled by stale policy versions.
+    pub use_decoupled_loss: bool,
+    /// Replace the sampling log-probabilities by recomputed ones even without the decoupled objective.
+    pub recompute_logprob: bool,
+    /// Drop tokens whose behaviour importance weight `pi_prox / pi_behave` exceeds this (must be > 1; needs
+    /// `use_decoupled_loss`); null keeps every token.
+    pub behav_imp_weight_cap: Option<f64>,
+    /// Coefficient of the KL penalty to the initial policy; 0 disables it and keeps no reference copy (the
+    /// reference defaults to 0.1, but its GRPO configs set 0).
+    pub kl_ctl: f64,
+    /// The per-token KL estimator: `k1`, `k2` or `k3`.
+    pub kl_estimator: KlEstimator,
+    /// Coefficient of the entropy bonus; 0 disables it (the reference has no entropy bonus).
+    pub entropy_coeff: f64,
+    /// How per-token losses are averaged: `token-mean` or `seq-mean-token-mean`.
+    pub loss_agg_mode: LossAggMode,
+    /// AdamW's decoupled weight decay, applied to every parameter (the reference's `optimizer.weight_decay`).
+    pub weight_decay: f64,
+    /// AdamW's first-moment decay (`optimizer.beta1`).
+    pub beta1: f64,
+    /// AdamW's second-moment decay (`optimizer.beta2`).
+    pub beta2: f64,
+    /// AdamW's epsilon (`optimizer.eps`).
+    pub adam_eps: f64,
+    /// Clip the global gradient norm to this; 0 disables clipping (`optimizer.gradient_clipping`).
+    pub gradient_clipping: f64,
+    /// The schedule after warm-up: `constant`, `linear` or `cosine` (`optimizer.lr_scheduler_type`).
+    pub lr_scheduler_type: LrSchedulerType,
+    /// Fraction of the training steps spent warming the rate up linearly from 0
+    /// (`optimizer.warmup_steps_proportion`).
+    pub warmup_steps_proportion: f64,
+    /// Floor of the decay as a fraction of `lr` (`optimizer.min_lr_ratio`).
+    pub min_lr_ratio: f64,
+    /// Most tokens packed into one forward/backward pass (`mb_spec.max_tokens_per_mb`); a longer sequence gets
+    /// a pass of its own. The reference's null (everything in one pass) would not fit in memory on a CPU, so
+    /// the default is 8192.
+    pub max_tokens_per_mb: u64,
+    /// Where the trainer computes: `cpu`, `cuda` or `cuda:N` (CUDA needs a build with the `cuda` feature).
+    pub device: String,
+    /// Matrix products in bf16 with f32 master weights (CUDA only).
+    pub bf16_autocast: bool,
     /// Stop after this many training steps; null trains through the data.
     pub total_train_steps: Option<u64>,
     /// Multiplies rewards before clipping.
@@ -181,10 +269,97 @@ impl Default for ActorConfig {
             adv_norm: None,
             lr: 1e-3,
             eps_clip: 0.2,
+            eps_clip_higher: None,
+            c_clip: None,
+            use_decoupled_loss: false,
+            recompute_logprob: false,
+            behav_imp_weight_cap: None,
+            kl_ctl: 0.0,
+            kl_estimator: KlEstimator::K1,
+            entropy_coeff: 0.0,
+            loss_agg_mode: LossAggMode::TokenMean,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            adam_eps: 1e-8,
+            gradient_clipping: 1.0,
+            lr_scheduler_type: LrSchedulerType::Constant,
+            warmup_steps_proportion: 0.001,
+            min_lr_ratio: 0.0,
+            max_tokens_per_mb: 8192,
+            device: "cpu".to_string(),
+            bf16_autocast: false,
             total_train_steps: None,
             reward_scaling: 1.0,
             reward_bias: 0.0,
             reward_clip: 20.0,
+        }
+    }
+}
+
+impl ActorConfig {
+    /// The problems of the update's own knobs (the reward knobs are checked with the rest of the config).
+    fn check_update(&self, a: &KeyPath, c: &mut Collector) {
+        if let Some(v) = self.eps_clip_higher {
+            positive(c, a.key("eps_clip_higher"), v);
+        }
+        if let Some(v) = self.c_clip
+            && !(v.is_finite() && v > 1.0)
+        {
+            c.push(a.key("c_clip"), format!("must be finite and > 1, got {v}"));
+        }
+        if let Some(v) = self.behav_imp_weight_cap {
+            if !(v.is_finite() && v > 1.0) {
+                c.push(
+                    a.key("behav_imp_weight_cap"),
+                    format!("must be finite and > 1, got {v}"),
+                );
+            }
+            if !self.use_decoupled_loss {
+                c.push(
+                    a.key("behav_imp_weight_cap"),
+                    "needs actor.use_decoupled_loss: true",
+                );
+            }
+        }
+        for (field, v) in [
+            ("kl_ctl", self.kl_ctl),
+            ("entropy_coeff", self.entropy_coeff),
+            ("weight_decay", self.weight_decay),
+            ("gradient_clipping", self.gradient_clipping),
+        ] {
+            non_negative(c, a.key(field), v);
+        }
+        for (field, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                c.push(a.key(field), format!("must be in [0, 1), got {v}"));
+            }
+        }
+        positive(c, a.key("adam_eps"), self.adam_eps);
+        for (field, v) in [
+            ("warmup_steps_proportion", self.warmup_steps_proportion),
+            ("min_lr_ratio", self.min_lr_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                c.push(a.key(field), format!("must be in [0, 1], got {v}"));
+            }
+        }
+        if self.max_tokens_per_mb == 0 {
+            c.push(a.key("max_tokens_per_mb"), "must be >= 1, got 0");
+        }
+        let cuda = self.device == "cuda"
+            || self
+                .device
+                .strip_prefix("cuda:")
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+        if self.device != "cpu" && !cuda {
+            c.push(
+                a.key("device"),
+                format!("{:?} is not a device: expected cpu, cuda or cuda:N", self.device),
+            );
+        }
+        if self.bf16_autocast && !cuda {
+            c.push(a.key("bf16_autocast"), "needs a CUDA device (actor.device: cuda)");
         }
     }
 }
@@ -291,6 +466,7 @@ impl RunConfig {
         if let Some(n) = &self.actor.adv_norm {
             check_norm(&mut c, a.key("adv_norm"), n);
         }
+        self.actor.check_update(&a, &mut c);
 
         for (section, d) in [
             ("train_dataset", Some(&self.train_dataset)),

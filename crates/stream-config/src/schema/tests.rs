@@ -176,3 +176,63 @@ fn model_path_comes_from_model_path_and_the_admin_key_is_never_a_value() {
     assert_eq!(config.model.path, "/shared/models/m");
     assert!(!config.to_redacted_yaml().unwrap().contains("s3cret"));
 }
+
+#[test]
+fn actor_update_knobs_have_the_reference_defaults_and_load_from_yaml() {
+    let a = ActorConfig::default();
+    assert_eq!((a.eps_clip, a.eps_clip_higher, a.c_clip), (0.2, None, None));
+    assert_eq!(
+        (a.weight_decay, a.beta1, a.beta2, a.adam_eps),
+        (0.01, 0.9, 0.999, 1e-8)
+    );
+    assert_eq!(
+        (a.gradient_clipping, a.warmup_steps_proportion, a.min_lr_ratio),
+        (1.0, 0.001, 0.0)
+    );
+    assert_eq!(a.lr_scheduler_type, LrSchedulerType::Constant);
+    assert_eq!(
+        (a.kl_estimator, a.loss_agg_mode),
+        (KlEstimator::K1, LossAggMode::TokenMean)
+    );
+    assert!(!a.use_decoupled_loss && !a.recompute_logprob && a.behav_imp_weight_cap.is_none());
+    let yaml = "experiment_name: e\ntrial_name: t\nactor:\n  c_clip: 3.0\n  kl_ctl: 0.05\n  kl_estimator: k3\n  \
+                loss_agg_mode: seq-mean-token-mean\n  lr_scheduler_type: cosine\n  use_decoupled_loss: true\n  \
+                behav_imp_weight_cap: 5.0\n  device: cuda:1\n  bf16_autocast: true\n";
+    let c = crate::load_run_config_str("run.yaml", yaml, &[], &Env::default()).unwrap();
+    assert_eq!(c.actor.c_clip, Some(3.0));
+    assert_eq!(c.actor.kl_estimator, KlEstimator::K3);
+    assert_eq!(c.actor.loss_agg_mode, LossAggMode::SeqMeanTokenMean);
+    assert_eq!(c.actor.lr_scheduler_type, LrSchedulerType::Cosine);
+    assert_eq!((c.actor.device.as_str(), c.actor.bf16_autocast), ("cuda:1", true));
+}
+
+#[test]
+fn actor_update_knobs_report_every_problem_at_once() {
+    let problems = loop_problems(&[
+        "actor.eps_clip_higher=-0.1",
+        "actor.c_clip=1.0",
+        "actor.behav_imp_weight_cap=0.5",
+        "actor.kl_ctl=-1",
+        "actor.entropy_coeff=-0.5",
+        "actor.beta2=1.0",
+        "actor.adam_eps=0",
+        "actor.warmup_steps_proportion=1.5",
+        "actor.max_tokens_per_mb=0",
+        "actor.device=tpu",
+        "actor.bf16_autocast=true",
+    ]);
+    insta::assert_snapshot!(problems.join("\n"), @r#"
+    override `actor.eps_clip_higher=-0.1`: actor.eps_clip_higher: must be finite and positive, got -0.1
+    override `actor.c_clip=1.0`: actor.c_clip: must be finite and > 1, got 1
+    override `actor.behav_imp_weight_cap=0.5`: actor.behav_imp_weight_cap: must be finite and > 1, got 0.5
+    override `actor.behav_imp_weight_cap=0.5`: actor.behav_imp_weight_cap: needs actor.use_decoupled_loss: true
+    override `actor.kl_ctl=-1`: actor.kl_ctl: must be finite and >= 0, got -1
+    override `actor.entropy_coeff=-0.5`: actor.entropy_coeff: must be finite and >= 0, got -0.5
+    override `actor.beta2=1.0`: actor.beta2: must be in [0, 1), got 1
+    override `actor.adam_eps=0`: actor.adam_eps: must be finite and positive, got 0
+    override `actor.warmup_steps_proportion=1.5`: actor.warmup_steps_proportion: must be in [0, 1], got 1.5
+    override `actor.max_tokens_per_mb=0`: actor.max_tokens_per_mb: must be >= 1, got 0
+    override `actor.device=tpu`: actor.device: "tpu" is not a device: expected cpu, cuda or cuda:N
+    override `actor.bf16_autocast=true`: actor.bf16_autocast: needs a CUDA device (actor.device: cuda)
+    "#);
+}
