@@ -251,6 +251,18 @@ impl Journal {
         &self.path
     }
 
+    /// Bytes written so far: where the next entry begins.
+    pub fn position(&self) -> Result<u64> {
+        let file = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the journal lock is poisoned"))?;
+        Ok(file
+            .metadata()
+            .with_context(|| format!("cannot read the journal {}", self.path.display()))?
+            .len())
+    }
+
     /// Appends `entry` as one line and fsyncs it before returning.
     pub fn append(&self, entry: &Entry) -> Result<()> {
         let mut line = serde_json::to_vec(entry).context("cannot serialise a journal entry")?;

@@ -595,7 +595,8 @@ pub struct RunSummary {
     pub cleaned: (usize, usize),
 }
 
-/// A checkpoint's metadata (`meta.json`).
+/// The loop's own state in a checkpoint: the caller blob of the trainer's checkpoint (JSON in
+/// `caller_state.bin`; the directory layout, atomic publication and pruning are `trainer::Checkpoints`').
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointMeta {
     /// Training steps done.
@@ -606,66 +607,41 @@ pub struct CheckpointMeta {
     pub model_path: String,
     /// [`model_fingerprint`] of that folder.
     pub model_fingerprint: String,
+    /// The data cursor: the next step whose rows the run rolls out (rows are a function of the step).
+    pub data_cursor: u64,
+    /// Bytes of this worker's journal when the checkpoint was written; a resumed run refuses a journal that
+    /// is now shorter (truncated or replaced), since the rollouts the checkpoint trained on would be lost.
+    pub journal_bytes: u64,
 }
 
-/// The newest complete checkpoint under `dir`.
+/// The newest complete checkpoint under `dir` and the loop's state in it.
 pub fn latest_checkpoint(dir: &Path) -> Result<Option<(PathBuf, CheckpointMeta)>> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Some(ckpt) = trainer::Checkpoints::new(dir).latest()? else {
         return Ok(None);
     };
-    let mut best: Option<(PathBuf, CheckpointMeta)> = None;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("step-") || name.ends_with(".tmp") {
-            continue;
-        }
-        let meta_path = path.join("meta.json");
-        let text = std::fs::read_to_string(&meta_path)
-            .with_context(|| format!("checkpoint {} has no readable meta.json", path.display()))?;
-        let meta: CheckpointMeta = serde_json::from_str(&text)
-            .with_context(|| format!("checkpoint {} has a malformed meta.json", path.display()))?;
-        if best.as_ref().is_none_or(|(_, m)| meta.steps > m.steps) {
-            best = Some((path, meta));
-        }
-    }
-    Ok(best)
+    let blob = ckpt.caller_state()?;
+    let meta: CheckpointMeta = serde_json::from_slice(&blob).with_context(|| {
+        format!(
+            "checkpoint {} holds no loop state this version reads",
+            ckpt.dir.display()
+        )
+    })?;
+    Ok(Some((ckpt.dir, meta)))
 }
 
+/// Writes the checkpoint of `meta.steps` under `dir`: the step's own state, then the loop's state as the
+/// caller blob, published atomically, keeping the newest `keep_last`.
 fn save_checkpoint(
     dir: &Path,
     meta: &CheckpointMeta,
     step: &mut dyn TrainStep,
     keep_last: usize,
 ) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let final_dir = dir.join(format!("step-{:08}", meta.steps));
-    let tmp = dir.join(format!("step-{:08}.tmp", meta.steps));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
-    step.save(&tmp)?;
-    std::fs::write(tmp.join("meta.json"), serde_json::to_vec_pretty(meta)?)?;
-    let _ = std::fs::remove_dir_all(&final_dir);
-    std::fs::rename(&tmp, &final_dir)
-        .with_context(|| format!("cannot publish checkpoint {}", final_dir.display()))?;
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("step-") && !n.ends_with(".tmp"))
-        })
-        .collect();
-    all.sort();
-    while all.len() > keep_last {
-        let old = all.remove(0);
-        let _ = std::fs::remove_dir_all(&old);
-    }
-    Ok(final_dir)
+    let staged = trainer::Checkpoints::new(dir).begin(meta.steps)?;
+    step.save(staged.dir())?;
+    let blob = serde_json::to_vec_pretty(meta).context("serialising the loop state")?;
+    let ckpt = staged.commit(&blob, keep_last)?;
+    Ok(ckpt.dir)
 }
 
 fn count_groups(
@@ -743,6 +719,18 @@ async fn train_inner(run: &Arc<Run>, step_impl: &mut Box<dyn TrainStep>) -> Resu
     let dir = model_dir(config)?;
     let fingerprint = model_fingerprint(&dir);
 
+    let total = run.total_steps();
+    let mut moved: Box<dyn TrainStep> =
+        std::mem::replace(step_impl, Box::new(crate::train::FrozenPolicy::default()));
+    let (returned, begun) = tokio::task::spawn_blocking(move || {
+        let out = moved.begin(total);
+        (moved, out)
+    })
+    .await
+    .context("the training step panicked while starting")?;
+    *step_impl = returned;
+    begun?;
+
     let mut resumed_at = 0;
     let mut version = 0;
     let mut checkpoint = None;
@@ -755,15 +743,24 @@ async fn train_inner(run: &Arc<Run>, step_impl: &mut Box<dyn TrainStep>) -> Resu
                 dir.display()
             );
         }
+        let journal_bytes = run.workflow.journal.position()?;
+        if journal_bytes < meta.journal_bytes {
+            bail!(
+                "the journal {} holds {journal_bytes} bytes, fewer than the {} it held when checkpoint {} was saved: \
+                 it was truncated or replaced, and the rollouts that checkpoint trained on are gone",
+                run.workflow.journal.path().display(),
+                meta.journal_bytes,
+                ckpt.display()
+            );
+        }
         let weights = step_impl.load(&ckpt)?;
         run.engine.publish(weights, meta.version).await?;
-        resumed_at = meta.steps;
+        resumed_at = meta.data_cursor;
         version = meta.version;
         tracing::info!(checkpoint = %ckpt.display(), steps = meta.steps, "resuming from checkpoint");
         checkpoint = Some(ckpt);
     }
     run.workflow.policy_version.store(version, Ordering::SeqCst);
-    let total = run.total_steps();
     let mut sink = MetricsSink::open(&paths.metrics, config.metrics.jsonl, config.metrics.tensorboard)?;
     let done = Arc::new(run.replay.rollouts.clone());
     let (trained_tx, trained_rx) = watch::channel(resumed_at);
@@ -811,7 +808,8 @@ async fn train_inner(run: &Arc<Run>, step_impl: &mut Box<dyn TrainStep>) -> Resu
             .iter()
             .map(|(g, i)| (g.clone(), collected.groups[*i].records.as_slice()))
             .collect();
-        let batch = build_batch(&run.reward, &groups)?;
+        let mut batch = build_batch(&run.reward, &groups)?;
+        batch.policy_version = version;
         let staleness = collected
             .groups
             .iter()
@@ -847,13 +845,21 @@ async fn train_inner(run: &Arc<Run>, step_impl: &mut Box<dyn TrainStep>) -> Resu
                 version,
                 model_path: dir.display().to_string(),
                 model_fingerprint: fingerprint.clone(),
+                data_cursor: k + 1,
+                journal_bytes: run.workflow.journal.position()?,
             };
-            checkpoint = Some(save_checkpoint(
-                &paths.checkpoints,
-                &meta,
-                step_impl.as_mut(),
-                config.checkpoint.keep_last as usize,
-            )?);
+            let mut moved: Box<dyn TrainStep> =
+                std::mem::replace(step_impl, Box::new(crate::train::FrozenPolicy::default()));
+            let root = paths.checkpoints.clone();
+            let keep = config.checkpoint.keep_last as usize;
+            let (returned, saved) = tokio::task::spawn_blocking(move || {
+                let out = save_checkpoint(&root, &meta, moved.as_mut(), keep);
+                (moved, out)
+            })
+            .await
+            .context("the training step panicked while saving")?;
+            *step_impl = returned;
+            checkpoint = Some(saved.with_context(|| format!("saving the checkpoint of step {k}"))?);
         }
         run.workflow.journal.append(&Entry::Step { step: k, version })?;
         if config.eval_every > 0 && (k + 1) % config.eval_every == 0 {

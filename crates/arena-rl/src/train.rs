@@ -1,10 +1,11 @@
 //! The training step's plug: [`TrainStep`], its input ([`TrainBatch`], built from exported trajectories and
 //! per-sample advantages by [`build_batch`]) and what it gives back ([`StepOutput`], [`NewWeights`]).
 //!
-//! The GRPO update itself lives in `trainer` (issue 8). The loop only needs this trait: a step takes one
-//! batch and may return new weights, in memory (swapped into the in-process policy) or on disk (loaded by
-//! `update_weights_from_disk` on the in-process policy or on every SGLang-protocol policy server);
-//! `save`/`load` write and read the step's own state inside a checkpoint directory the loop manages.
+//! The loop only needs the trait: a step takes one batch and may return new weights, in memory (swapped into
+//! the in-process policy) or on disk (loaded by `update_weights_from_disk` on the in-process policy or on
+//! every SGLang-protocol policy server); `save`/`load` write and read the step's own state inside a checkpoint
+//! directory the loop manages (with `trainer::Checkpoints`). [`GrpoStep`] is the real update (`trainer`'s
+//! GRPO step); [`FrozenPolicy`] keeps the weights as they are (for the fake engine, which cannot learn).
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,10 @@ use anyhow::{Context as _, Result};
 use reward_routing::{Group, RewardConfig};
 
 use crate::journal::{RolloutRecord, SampleKey};
+
+mod grpo;
+
+pub use grpo::{GrpoStep, to_rl_batch};
 
 /// One trajectory with its sample's advantage: the unit the trainer consumes.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +44,8 @@ pub struct TrainBatch {
     pub samples: Vec<TrainSample>,
     /// How many samples (trajectories) each accepted group contributed, in order.
     pub group_sizes: Vec<usize>,
+    /// The policy version the step starts from (staleness is measured against it).
+    pub policy_version: u64,
 }
 
 impl TrainBatch {
@@ -70,6 +77,11 @@ pub struct StepOutput {
 
 /// The training step the loop drives. Implementations run on a blocking thread.
 pub trait TrainStep: Send {
+    /// Called once before any other method, with the run's number of training steps (for schedules).
+    fn begin(&mut self, total_steps: u64) -> Result<()> {
+        let _ = total_steps;
+        Ok(())
+    }
     /// Takes one optimisation step on `batch` (step `step`, 0-based).
     fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput>;
     /// Saves the step's state (weights, optimiser) into `dir`, which exists and is empty.
@@ -78,8 +90,8 @@ pub trait TrainStep: Send {
     fn load(&mut self, dir: &Path) -> Result<NewWeights>;
 }
 
-/// The step used until `trainer` has a GRPO update: it changes no weight, so the loop's rollouts, routing,
-/// durability, metrics and checkpoints run end to end with a frozen policy. It says so once per run.
+/// A step that changes no weight, so the loop's rollouts, routing, durability, metrics and checkpoints run
+/// end to end with a frozen policy (the fake engine's runs, and tests). It says so once per run.
 #[derive(Debug, Default)]
 pub struct FrozenPolicy {
     warned: bool,
@@ -89,7 +101,7 @@ impl TrainStep for FrozenPolicy {
     fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput> {
         if !self.warned {
             tracing::warn!(
-                "the trainer has no GRPO step yet: weights stay frozen (rollouts, routing, metrics and \
+                "training with a frozen policy: weights stay as they are (rollouts, routing, metrics and \
                  checkpoints still run)"
             );
             self.warned = true;

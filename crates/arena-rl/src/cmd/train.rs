@@ -1,5 +1,5 @@
-//! `arena-rl train` and `arena-rl rollout`: the training loop, and the rollout-only mode that exports scored
-//! trajectories to JSONL without training.
+//! `arena-rl train` and `arena-rl rollout`: the training loop (GRPO with `trainer`, or frozen weights with
+//! the fake engine), and the rollout-only mode that exports scored trajectories to JSONL without training.
 //!
 //! Both load the run config (`--config FILE` plus dotted overrides), set up logging (`RUST_LOG`, default
 //! `info`), run until done, and print where the run's files are. Credentials come from the environment
@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
-use arena_rl::run::{Plugins, RunSummary, rollout_only, train};
-use arena_rl::train::FrozenPolicy;
-use stream_config::{Env, load_run_config};
+use arena_rl::run::{Plugins, RunPaths, RunSummary, rollout_only, train};
+use arena_rl::train::{FrozenPolicy, GrpoStep, TrainStep};
+use stream_config::{Env, ModelEngine, RunConfig, load_run_config};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -43,16 +43,22 @@ pub(crate) fn run_train(args: Args) -> Result<()> {
     init_logging();
     let env = Env::from_process();
     let config = load_run_config(&args.config, &args.overrides, &env)?;
-    let summary = runtime()?.block_on(train(
-        config,
-        &env,
-        Plugins {
-            engine: None,
-            step: Box::new(FrozenPolicy::default()),
-        },
-    ))?;
+    let step = training_step(&config)?;
+    let summary = runtime()?.block_on(train(config, &env, Plugins { engine: None, step }))?;
     report(&summary, "trained");
     Ok(())
+}
+
+/// GRPO on the model, except with the fake engine, whose tokens no weight change can move.
+fn training_step(config: &RunConfig) -> Result<Box<dyn TrainStep>> {
+    if config.model.engine == ModelEngine::Fake && config.rollout.policy_servers.is_empty() {
+        tracing::warn!("model.engine is fake: the weights stay frozen");
+        return Ok(Box::new(FrozenPolicy::default()));
+    }
+    Ok(Box::new(GrpoStep::from_run_config(
+        config,
+        &RunPaths::of(config).run_dir,
+    )?))
 }
 
 pub(crate) fn run_rollout(args: Args) -> Result<()> {

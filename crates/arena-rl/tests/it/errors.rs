@@ -87,13 +87,17 @@ async fn the_proxy_port_taken() {
 async fn a_checkpoint_from_another_model() {
     let sim = ArenaSim::start(sim_world()).await.unwrap();
     let root = tempfile::tempdir().unwrap();
-    let ckpt = root.path().join("quickstart/local/checkpoints/step-00000003");
-    std::fs::create_dir_all(&ckpt).unwrap();
-    std::fs::write(
-        ckpt.join("meta.json"),
-        r#"{"steps": 3, "version": 3, "model_path": "/models/other", "model_fingerprint": "0000000000000001"}"#,
-    )
-    .unwrap();
+    let meta = arena_rl::run::CheckpointMeta {
+        steps: 3,
+        version: 3,
+        model_path: "/models/other".into(),
+        model_fingerprint: "0000000000000001".into(),
+        data_cursor: 3,
+        journal_bytes: 0,
+    };
+    trainer::Checkpoints::new(root.path().join("quickstart/local/checkpoints"))
+        .save(3, &serde_json::to_vec(&meta).unwrap(), 1, |_| Ok(()))
+        .unwrap();
     let line = failure(&sim.base_url(), root.path(), &[]).await;
     assert!(
         line.contains("was saved from another model (/models/other) than model.path"),

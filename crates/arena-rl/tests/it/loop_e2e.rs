@@ -120,7 +120,16 @@ async fn the_loop_trains_on_the_sim_and_leaves_nothing_behind() {
     assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
     let saved = std::fs::read_to_string(summary.run_dir.join("config.yaml")).unwrap();
     assert!(saved.contains("experiment_name: quickstart"));
-    assert!(summary.checkpoint.as_ref().unwrap().join("meta.json").exists());
+    // The loop's state rides in the checkpoint's caller blob.
+    let ckpt = summary.checkpoint.as_ref().unwrap();
+    assert!(ckpt.ends_with("step-3"), "{}", ckpt.display());
+    let (dir, meta) = arena_rl::run::latest_checkpoint(ckpt.parent().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(&dir, ckpt);
+    assert_eq!((meta.steps, meta.version, meta.data_cursor), (3, 3, 3));
+    let journal = summary.run_dir.join("journal/journal-w0.jsonl");
+    assert!(meta.journal_bytes > 0 && meta.journal_bytes <= std::fs::metadata(journal).unwrap().len());
     // Audit shards as reward-routing writes them.
     let audit = summary.run_dir.join("arena_results");
     let shards: Vec<_> = std::fs::read_dir(&audit).unwrap().flatten().collect();

@@ -2,6 +2,7 @@
 
 mod config;
 mod errors;
+mod grpo;
 mod kill_resume;
 mod loop_e2e;
 mod model;

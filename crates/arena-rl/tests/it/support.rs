@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arena_rl::run::EngineHandle;
+use futures::future::BoxFuture;
 use rollout_proxy::{
-    EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
-    tokenizer::Tokenizer,
+    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
+    WeightUpdate, tokenizer::Tokenizer,
 };
 use stream_config::{Env, RunConfig};
 
@@ -140,6 +141,22 @@ impl InferenceEngine for OracleEngine {
 
     fn max_context_len(&self) -> usize {
         4096
+    }
+
+    /// Takes the version of weights published on disk (it answers by rule, so it reads only their config).
+    fn update_weights_from_disk(&self, update: WeightUpdate) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            if !update.path.join("config.json").is_file() {
+                return Err(EngineError::InvalidRequest(format!(
+                    "{} is not a model folder",
+                    update.path.display()
+                )));
+            }
+            if let Some(v) = update.version {
+                self.version.store(u64::from(v), Ordering::Relaxed);
+            }
+            Ok(())
+        })
     }
 }
 

@@ -1,0 +1,202 @@
+//! The GRPO step in the loop: `GrpoStep` on a tiny model with SmolLM2's tokenizer, alone (in-memory weights
+//! that the burn policy swaps in, state saved and restored) and driven by the loop against arena-sim (weights
+//! published on disk for policy servers, the trainer's state in the loop's checkpoints, resumed by a second
+//! run).
+
+use std::path::{Path, PathBuf};
+
+use arena_rl::engine::PolicyEngine;
+use arena_rl::journal::SampleKey;
+use arena_rl::run::{Plugins, latest_checkpoint, train};
+use arena_rl::train::{GrpoStep, NewWeights, TrainBatch, TrainSample, TrainStep};
+use arena_sim::{ArenaSim, World};
+use trainer::backend::Cpu;
+use trainer::model::CausalLm;
+use trainer::{Architecture, ModelConfig, ModelFolder, SaveDtype, Weights, save_pretrained};
+
+use crate::support::{OracleEngine, config, env, model_folder, smollm2};
+
+/// A model folder with SmolLM2's tokenizer and template and a tiny random Llama of the same vocabulary.
+fn tiny_model(dir: &Path) -> (PathBuf, Weights) {
+    let out = model_folder(dir);
+    let mut c = ModelConfig::new(Architecture::Llama, 49152, 16, 32, 1, 2, 1);
+    c.tie_word_embeddings = true;
+    c.max_position_embeddings = 4096;
+    c.eos_token_ids = ModelFolder::open(&smollm2()).unwrap().config.eos_token_ids;
+    let w = Weights::from_model(&CausalLm::<Cpu>::init(&c, 0.02, 3, &Default::default()));
+    save_pretrained(&out, &c, &w, SaveDtype::F32, None).unwrap();
+    (out, w)
+}
+
+fn sample(i: u32, advantage: f64) -> TrainSample {
+    let tokens: Vec<u32> = (0..12).map(|t| 100 + i * 17 + t).collect();
+    TrainSample {
+        key: SampleKey {
+            eval: false,
+            step: 0,
+            group: 0,
+            sample: i,
+        },
+        loss_mask: (0..12).map(|t| u8::from(t >= 6)).collect(),
+        logprobs: (0..12).map(|t| if t >= 6 { -10.8 } else { 0.0 }).collect(),
+        versions: (0..12).map(|t| if t >= 6 { 0 } else { -1 }).collect(),
+        token_ids: tokens,
+        advantage,
+        raw_reward: advantage.max(0.0),
+    }
+}
+
+fn in_memory(w: NewWeights) -> Weights {
+    match w {
+        NewWeights::InMemory(w) => w,
+        other => panic!("expected weights in memory, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpo_step_trains_swaps_into_the_policy_and_restores() {
+    let root = tempfile::tempdir().unwrap();
+    let (model, initial) = tiny_model(root.path());
+    let run = config("http://127.0.0.1:9", root.path(), &model, &["actor.lr=0.01"]);
+    let mut step = GrpoStep::from_run_config(&run, root.path()).unwrap();
+    step.begin(4).unwrap();
+    let batch = TrainBatch {
+        samples: (0..4)
+            .map(|i| sample(i, if i % 2 == 0 { 1.0 } else { -1.0 }))
+            .collect(),
+        group_sizes: vec![4],
+        policy_version: 0,
+    };
+    let out = step.train(0, &batch).unwrap();
+    let metric = |name: &str| {
+        out.metrics
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no {name} in {:?}", out.metrics))
+            .1
+    };
+    assert_eq!(metric("train/trained_tokens"), 24.0);
+    assert_eq!(metric("train/sequences"), 4.0);
+    assert!(metric("train/grad_norm") > 0.0 && metric("train/loss").is_finite());
+    let trained = in_memory(out.weights);
+    assert_ne!(trained, initial, "one step moved the weights");
+    // The in-process policy takes them as the next version.
+    let policy = tokio::task::spawn_blocking({
+        let model = model.clone();
+        move || PolicyEngine::load(&model, 4).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(policy.swap(trained.clone(), 1).await.unwrap(), 1);
+    // Its state in a checkpoint directory: a complete Hugging Face folder plus the optimiser.
+    let ckpt = root.path().join("state");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    step.save(&ckpt).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(ckpt.join(f).is_file(), "{f} missing from the saved state");
+    }
+    let mut again = GrpoStep::from_run_config(&run, root.path()).unwrap();
+    again.begin(4).unwrap();
+    assert_eq!(in_memory(again.load(&ckpt).unwrap()), trained);
+    // An empty batch (every group rejected) trains nothing.
+    let skipped = again.train(1, &TrainBatch::default()).unwrap();
+    assert!(matches!(skipped.weights, NewWeights::Unchanged));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkpoint() {
+    let mut world = World::quickstart();
+    world.token = "sim-token".into();
+    let sim = ArenaSim::start(world).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let (model, initial) = tiny_model(root.path());
+    let overrides = |steps: &str| {
+        vec![
+            format!("actor.total_train_steps={steps}"),
+            "train_dataset.batch_size=2".to_string(),
+            "gconfig.n_samples=4".to_string(),
+            "actor.lr=0.01".to_string(),
+            // Weights go to disk for policy servers; the oracle engine stands in for them.
+            "rollout.policy_servers=[http://127.0.0.1:9]".to_string(),
+        ]
+    };
+    let run = |steps: &'static str| {
+        let o = overrides(steps);
+        let refs: Vec<&str> = o.iter().map(String::as_str).collect();
+        config(&sim.base_url(), root.path(), &model, &refs)
+    };
+    let first = run("2");
+    let run_dir = arena_rl::run::RunPaths::of(&first).run_dir;
+    let summary = train(
+        first.clone(),
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 3).handle()),
+            step: Box::new(GrpoStep::from_run_config(&first, &run_dir).unwrap()),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.steps_trained, 2);
+    let metrics = std::fs::read_to_string(summary.metrics_dir.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let trained: f64 = lines
+        .iter()
+        .filter_map(|l| l["train/trained_tokens"].as_f64())
+        .sum();
+    assert!(
+        trained > 0.0,
+        "GRPO trained on the oracle's trajectories: {metrics}"
+    );
+    assert!(lines.iter().all(|l| l["policy/version"].is_number()));
+    // Published for the policy servers, and different from the initial weights.
+    let published = std::fs::read_dir(run_dir.join("weights"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-"))
+        .max()
+        .expect("weights were published");
+    assert_ne!(Weights::load_dir(&published).unwrap(), initial);
+    // The checkpoint holds the trainer's state and the loop's state.
+    let (ckpt, meta) = latest_checkpoint(&run_dir.join("checkpoints")).unwrap().unwrap();
+    assert_eq!((meta.steps, meta.data_cursor), (2, 2));
+    assert!(ckpt.join("optimizer.safetensors").is_file());
+    let saved_steps = |dir: &Path| -> u64 {
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("trainer_state.json")).unwrap()).unwrap();
+        state["steps"].as_u64().unwrap()
+    };
+    let optimiser_steps = saved_steps(&ckpt);
+    assert!(optimiser_steps >= 1);
+
+    // A second run with more steps resumes from it and continues the same optimiser.
+    let second = run("3");
+    let summary = train(
+        second.clone(),
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 3).handle()),
+            step: Box::new(GrpoStep::from_run_config(&second, &run_dir).unwrap()),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!((summary.resumed_at, summary.steps_trained), (2, 1));
+    let (ckpt, meta) = latest_checkpoint(&run_dir.join("checkpoints")).unwrap().unwrap();
+    assert_eq!(meta.steps, 3);
+    assert!(
+        saved_steps(&ckpt) >= optimiser_steps,
+        "the optimiser continued from the checkpoint"
+    );
+    assert_eq!(sim.counters().live_routes, 0);
+}
