@@ -10,8 +10,8 @@
 //!
 //! The system under test runs in its own process pinned to core 0 (`taskset -c 0`); this process (the load
 //! generator and both fake upstreams) pins itself to core 1. Where it may (as root), the bench raises the
-//! priority of both systems and of itself alike, so that other work on a shared machine does not decide
-//! the tails. Each criterion iteration is a closed loop of
+//! priority of both systems and of itself alike (see `Priority`), so that other work on a shared machine
+//! does not decide the tails. Each criterion iteration is a closed loop of
 //! `c` clients sending a batch of requests at concurrency 1, 64 and 1024; criterion reports requests per
 //! second, and the summary at the end prints throughput, p50/p99 latency (to the last byte), their ratios,
 //! the machine's load average, and the proxy's retained heap bytes per stored token (measured in this
@@ -128,19 +128,55 @@ fn pin_self(core: usize) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// How much the bench raises the scheduling priority of both systems under test and of itself (a nice
-/// value of -10, which needs root): other work on a shared machine then preempts neither, so tail
-/// latencies measure the systems rather than the neighbours. Both systems get the same treatment.
-const NICE: &str = "-10";
+/// How the bench raises the scheduling priority of both systems under test and of itself (which needs
+/// root): first-in-first-out real-time scheduling at the lowest real-time priority (`chrt -f 1`), else a
+/// nice value of -10. Work of other users on a shared machine then preempts neither system, so tail
+/// latencies measure the systems rather than their neighbours; both systems get the same treatment, and
+/// the kernel's real-time throttling still leaves the machine 5% of each core.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Priority {
+    Realtime,
+    Nice,
+    Normal,
+}
 
-/// Raises this process's priority before it starts threads (they inherit it); answers whether it could.
-fn raise_own_priority() -> bool {
-    Command::new("renice")
-        .args(["-n", NICE, "-p", &std::process::id().to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+impl Priority {
+    /// Raises this process's priority before it starts threads (they inherit it).
+    fn raise_own() -> Self {
+        let pid = std::process::id().to_string();
+        let ok = |program: &str, args: &[&str]| {
+            Command::new(program)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if ok("chrt", &["-a", "-f", "-p", "1", &pid]) {
+            Self::Realtime
+        } else if ok("renice", &["-n", "-10", "-p", &pid]) {
+            Self::Nice
+        } else {
+            Self::Normal
+        }
+    }
+
+    /// The words that run a command at this priority.
+    fn prefix(self) -> &'static [&'static str] {
+        match self {
+            Self::Realtime => &["chrt", "-f", "1"],
+            Self::Nice => &["nice", "-n", "-10"],
+            Self::Normal => &[],
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Realtime => "SCHED_FIFO 1 (chrt -f 1)",
+            Self::Nice => "nice -10",
+            Self::Normal => "normal",
+        }
+    }
 }
 
 /// The proxy process: serves the proxy on one worker thread in front of the SGLang fake at `upstream`.
@@ -174,12 +210,9 @@ impl Drop for Children {
     }
 }
 
-/// `program` pinned to `core` (when `taskset` exists), at the raised priority when `raised`.
-fn pinned(core: usize, program: &str, raised: bool) -> Command {
-    let mut words: Vec<String> = Vec::new();
-    if raised {
-        words.extend(["nice", "-n", NICE].map(String::from));
-    }
+/// `program` pinned to `core` (when `taskset` exists), at `priority`.
+fn pinned(core: usize, program: &str, priority: Priority) -> Command {
+    let mut words: Vec<String> = priority.prefix().iter().map(|w| w.to_string()).collect();
     if Command::new("taskset").arg("--version").output().is_ok() {
         words.extend(["taskset".to_string(), "-c".to_string(), core.to_string()]);
     }
@@ -571,7 +604,7 @@ fn main() {
     let two_cores = std::thread::available_parallelism()
         .map(|n| n.get() >= 2)
         .unwrap_or(false);
-    let raised = raise_own_priority();
+    let priority = Priority::raise_own();
     let pinned_ok = two_cores && pin_self(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -626,7 +659,7 @@ fn main() {
 
     // The systems under test (core 0).
     let exe = std::env::current_exe().expect("own path");
-    let mut proxy = pinned(0, exe.to_str().expect("utf-8 path"), raised)
+    let mut proxy = pinned(0, exe.to_str().expect("utf-8 path"), priority)
         .env(ROLE, "proxy")
         .env("ARENA_RL_PROXY_BENCH_UPSTREAM", format!("http://{sglang_addr}"))
         .stdout(Stdio::piped())
@@ -652,7 +685,7 @@ fn main() {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let litellm = pinned(0, litellm_bin.to_str().expect("utf-8 path"), raised)
+    let litellm = pinned(0, litellm_bin.to_str().expect("utf-8 path"), priority)
         .args([
             "--config",
             litellm_config.to_str().expect("utf-8 path"),
@@ -775,7 +808,8 @@ fn main() {
     let (bytes_per_token, measured_tokens) = memory_per_token(&runtime, &body);
     let mut report = serde_json::Map::new();
     println!(
-        "\nproxy bench: {prompt_tokens}-token prompt, {GENERATED} generated tokens, pinned to separate cores: {pinned_ok}, priority raised (nice {NICE}) for both: {raised}"
+        "\nproxy bench: {prompt_tokens}-token prompt, {GENERATED} generated tokens, pinned to separate cores: {pinned_ok}, priority of both systems and the load generator: {}",
+        priority.describe()
     );
     println!(
         "{:<16} {:>5} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
@@ -825,7 +859,7 @@ fn main() {
     report.insert("bytes_per_stored_token".into(), json!(bytes_per_token));
     report.insert("prompt_tokens".into(), json!(prompt_tokens));
     report.insert("pinned".into(), json!(pinned_ok));
-    report.insert("priority_raised".into(), json!(raised));
+    report.insert("priority".into(), json!(priority.describe()));
     let load_average = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average at the end (1, 5, 15 min): {}", load_average.trim());
     report.insert("load_average".into(), json!(load_average.trim()));

@@ -258,3 +258,27 @@ async fn the_gateway_key_with_session_headers_binds_messages_to_the_session() {
     let r = p.admin("/rl/end_session", json!({"session_id": session})).await;
     assert_eq!(r.json()["interaction_count"], 1);
 }
+
+#[tokio::test]
+async fn an_engine_failure_after_the_stream_started_is_an_error_event() {
+    let p = Proxy::default().await;
+    let (session, key) = p.session("t").await;
+    p.engine.fail_next(rollout_proxy::EngineError::Internal(
+        "the accelerator fell over".into(),
+    ));
+    let mut body = ask("hi");
+    body["stream"] = json!(true);
+    let r = p.messages(&key, body).await;
+    assert_eq!(r.status, StatusCode::OK, "the stream had started");
+    let events: Vec<&str> = r.text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(events, ["message_start", "ping", "error"]);
+    let error = r.text.lines().rfind(|l| !l.is_empty()).expect("lines");
+    assert!(error.contains("\"type\":\"api_error\""), "{error}");
+    assert!(error.contains("the accelerator fell over"), "{error}");
+    let end = p
+        .admin("/rl/end_session", json!({"session_id": session}))
+        .await
+        .json();
+    assert_eq!(end["system_error"], true);
+    assert_eq!(end["interaction_count"], 0);
+}

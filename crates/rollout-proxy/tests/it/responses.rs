@@ -205,3 +205,24 @@ async fn bad_requests_are_clear_openai_errors() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
 }
+
+#[tokio::test]
+async fn an_engine_failure_after_the_stream_started_is_response_failed() {
+    let p = Proxy::default().await;
+    let (_, key) = p.session("t").await;
+    p.engine.fail_next(rollout_proxy::EngineError::Internal(
+        "the accelerator fell over".into(),
+    ));
+    let r = p.responses(&key, json!({"input": "hi", "stream": true})).await;
+    assert_eq!(r.status, StatusCode::OK, "the stream had started");
+    let events: Vec<&str> = r.text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(
+        events,
+        ["response.created", "response.in_progress", "response.failed"]
+    );
+    let last = r.text.lines().rfind(|l| !l.is_empty()).expect("lines");
+    let failed: Value = serde_json::from_str(last.trim_start_matches("data: ")).expect("json");
+    assert_eq!(failed["response"]["status"], "failed");
+    assert_eq!(failed["response"]["error"]["code"], "server_error");
+    assert_eq!(failed["sequence_number"], 2);
+}
