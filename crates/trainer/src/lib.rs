@@ -2,17 +2,22 @@
 //!
 //! What it does: reads Hugging Face checkpoints (`LlamaForCausalLM`, `Qwen2ForCausalLM`,
 //! `Qwen3ForCausalLM`; safetensors in f32, f16 or bf16, single or sharded) and writes them back; runs the
-//! model on the CPU (burn-ndarray) or, with the `cuda` feature, on an NVIDIA GPU; and serves batched,
+//! model on the CPU (burn-ndarray) or, with the `cuda` feature, on an NVIDIA GPU; serves batched,
 //! continuously batched generation with a key/value cache, per-sequence sampling and log-probabilities,
-//! a policy version and weight swaps between decoding steps.
+//! a policy version and weight swaps between decoding steps; and trains: GRPO steps (decoupled PPO-clip on
+//! packed micro-batches, AdamW, schedules) and supervised steps, with atomic checkpoints that resume bit for
+//! bit on the CPU.
 //!
 //! What it does not do: tokenise or render chat templates (it only exposes the files, for `rollout-proxy`),
-//! speak HTTP, or know about Arena. It depends on no other workspace crate, and it is the only crate that
-//! depends on burn: crates above it use the non-generic [`Policy`] handle.
+//! speak HTTP, know about Arena, or compute rewards and group advantages (they arrive computed). It depends on
+//! no other workspace crate, and it is the only crate that depends on burn: crates above it use the
+//! non-generic [`Policy`] and [`Trainer`] handles.
 //!
 //! Entry points:
 //! - [`Policy`]: `Policy::load(dir, options)`, `submit(GenerationRequest) -> GenerationStream`, `score`,
 //!   `version`, `swap_weights`.
+//! - [`Trainer`]: `Trainer::load(dir, TrainConfig, options)`, `grpo_step(&RlBatch)`, `sft_step(&SftBatch)`
+//!   (both return [`StepStats`]), `weights`, `save_checkpoint`/`resume` with [`Checkpoints`].
 //! - [`ModelConfig`] and [`ModelFolder`]: `config.json` read strictly, written back with
 //!   [`ModelConfig::to_hf_json`]; [`save_pretrained`] writes a whole folder.
 //! - [`Weights`]: parameters on the host under Hugging Face names, to and from safetensors and models.
