@@ -10,6 +10,7 @@ mod math;
 
 use std::sync::Arc;
 
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
@@ -242,82 +243,64 @@ impl Backward<Cpu, 2> for LogitsBackward {
     }
 }
 
-fn autodiff<const D: usize>(p: burn::tensor::ops::FloatTensor<CpuAutodiff>) -> Tensor<CpuAutodiff, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(p))
+type Prep<BO, const N: usize> = OpsKind<BO, Cpu, <BO as Backward<Cpu, N>>::State, NoCheckpointing, N>;
+
+/// Starts the autodiff node of `op` over `parents`.
+fn prepare<BO: Backward<Cpu, N>, const N: usize>(
+    op: BO,
+    parents: [&FloatTensor<CpuAutodiff>; N],
+) -> Prep<BO, N> {
+    op.prepare::<NoCheckpointing>(parents.map(|p| p.node.clone()))
+        .compute_bound()
+        .stateful()
+}
+
+/// Finishes the node with its output, keeping `state` for the backward pass when the node is tracked.
+fn finish<BO: Backward<Cpu, N>, const N: usize, const D: usize>(
+    prep: Prep<BO, N>,
+    out: NdArrayTensor,
+    state: impl FnOnce() -> BO::State,
+) -> Tensor<CpuAutodiff, D> {
+    let out = match prep {
+        OpsKind::Tracked(prep) => prep.finish(state(), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+fn tracked<BO: Backward<Cpu, N>, const N: usize>(prep: &Prep<BO, N>) -> bool {
+    matches!(prep, OpsKind::Tracked(_))
 }
 
 impl Kernels for CpuAutodiff {
     fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, _autocast: bool) -> Tensor<Self, 2> {
         let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
-        let y = primitive(math::matmul(
-            view::<Ix2>(&x.primitive),
-            view::<Ix2>(&w.primitive).t(),
-            1.0,
-        ));
-        autodiff(
-            match ProjectBackward
-                .prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive), y),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            },
-        )
+        let prep = prepare(ProjectBackward, [&x, &w]);
+        let y = math::matmul(view::<Ix2>(&x.primitive), view::<Ix2>(&w.primitive).t(), 1.0);
+        finish(prep, primitive(y), || (x.primitive, w.primitive))
     }
 
     fn rms_norm(x: Tensor<Self, 2>, w: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
         let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+        let prep = prepare(RmsNormBackward, [&x, &w]);
         let (y, inv) = math::rms_forward(view::<Ix2>(&x.primitive), view::<Ix1>(&w.primitive), eps as f32);
-        let y = primitive(y);
-        autodiff(
-            match RmsNormBackward
-                .prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive, Arc::new(inv)), y),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            },
-        )
+        finish(prep, primitive(y), || (x.primitive, w.primitive, Arc::new(inv)))
     }
 
     fn rope(x: Tensor<Self, 3>, rows: &RopeRows<Self>) -> Tensor<Self, 3> {
         let x = x.into_primitive().tensor();
-        let y = primitive(math::rope(
-            view::<Ix3>(&x.primitive),
-            &rows.cos_host,
-            &rows.sin_host,
-            false,
-        ));
-        autodiff(
-            match RopeBackward
-                .prepare::<NoCheckpointing>([x.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((rows.cos_host.clone(), rows.sin_host.clone()), y),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            },
-        )
+        let prep = prepare(RopeBackward, [&x]);
+        let y = math::rope(view::<Ix3>(&x.primitive), &rows.cos_host, &rows.sin_host, false);
+        finish(prep, primitive(y), || {
+            (rows.cos_host.clone(), rows.sin_host.clone())
+        })
     }
 
     fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
         let (g, u) = (gate.into_primitive().tensor(), up.into_primitive().tensor());
-        let y = primitive(math::swiglu_forward(
-            view::<Ix2>(&g.primitive),
-            view::<Ix2>(&u.primitive),
-        ));
-        autodiff(
-            match SwigluBackward
-                .prepare::<NoCheckpointing>([g.node.clone(), u.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((g.primitive, u.primitive), y),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            },
-        )
+        let prep = prepare(SwigluBackward, [&g, &u]);
+        let y = math::swiglu_forward(view::<Ix2>(&g.primitive), view::<Ix2>(&u.primitive));
+        finish(prep, primitive(y), || (g.primitive, u.primitive))
     }
 
     fn packed_attention(
@@ -329,26 +312,18 @@ impl Kernels for CpuAutodiff {
         _autocast: bool,
     ) -> Tensor<Self, 2> {
         let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
-        let prep = AttentionBackward
-            .prepare::<NoCheckpointing>([q.node.clone(), k.node.clone(), v.node.clone()])
-            .compute_bound()
-            .stateful();
-        let keep = matches!(prep, OpsKind::Tracked(_));
+        let prep = prepare(AttentionBackward, [&q, &k, &v]);
         let (out, saved) = math::attention_forward(
             view::<Ix3>(&q.primitive),
             view::<Ix3>(&k.primitive),
             view::<Ix3>(&v.primitive),
             runs,
             scale as f32,
-            keep,
+            tracked(&prep),
         );
-        let out = primitive(out);
-        autodiff(match prep {
-            OpsKind::Tracked(prep) => {
-                let saved = Arc::new(saved.expect("probabilities are kept for tracked passes"));
-                prep.finish((q.primitive, k.primitive, v.primitive, saved), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out),
+        finish(prep, primitive(out), || {
+            let saved = saved.expect("probabilities are kept for tracked passes");
+            (q.primitive, k.primitive, v.primitive, Arc::new(saved))
         })
     }
 
@@ -360,25 +335,17 @@ impl Kernels for CpuAutodiff {
         _autocast: bool,
     ) -> Tensor<Self, 2> {
         let (h, w) = (h.into_primitive().tensor(), w.into_primitive().tensor());
-        let prep = LogitsBackward
-            .prepare::<NoCheckpointing>([h.node.clone(), w.node.clone()])
-            .compute_bound()
-            .stateful();
-        let keep = matches!(prep, OpsKind::Tracked(_));
+        let prep = prepare(LogitsBackward, [&h, &w]);
         let (out, saved) = math::logits_forward(
             view::<Ix2>(&h.primitive),
             view::<Ix2>(&w.primitive),
             &targets(t),
             (1.0 / temperature) as f32,
-            keep,
+            tracked(&prep),
         );
-        let out = primitive(out);
-        autodiff(match prep {
-            OpsKind::Tracked(prep) => {
-                let saved = Arc::new(saved.expect("probabilities are kept for tracked passes"));
-                prep.finish((h.primitive, w.primitive, saved), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out),
+        finish(prep, primitive(out), || {
+            let saved = saved.expect("probabilities are kept for tracked passes");
+            (h.primitive, w.primitive, Arc::new(saved))
         })
     }
 }

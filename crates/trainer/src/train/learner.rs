@@ -140,6 +140,13 @@ pub(crate) struct Tally {
     staleness: RangeAcc,
 }
 
+/// A step's micro-batches and the aggregation weight of each sequence.
+struct Plan {
+    packs: Vec<Packed>,
+    seq_weight: Vec<f32>,
+    shape: Shape,
+}
+
 /// The size of one step's work.
 pub(crate) struct Shape {
     pub(crate) sequences: usize,
@@ -211,14 +218,35 @@ where
         Weights::from_model(self.model())
     }
 
-    /// Every micro-batch of the sequences `(tokens, mask)`.
-    fn packs(&self, tokens: &[&[u32]], masks: &[&[bool]]) -> Result<Vec<Packed>> {
+    /// The micro-batches of the sequences `(tokens, mask)` and the aggregation weight of each sequence.
+    fn plan(&self, tokens: &[&[u32]], masks: &[&[bool]]) -> Result<Plan> {
         let lengths: Vec<usize> = masks.iter().map(|m| effective_len(m)).collect();
-        let plan = plan(&lengths, self.config.max_tokens_per_mb);
-        if plan.is_empty() {
+        let bins = plan(&lengths, self.config.max_tokens_per_mb);
+        if bins.is_empty() {
             return Err(Error::Batch("no sequence has a trained token".to_string()));
         }
-        Ok(plan.iter().map(|order| pack(tokens, masks, order)).collect())
+        let counts: Vec<usize> = masks.iter().map(|m| m.iter().filter(|&&x| x).count()).collect();
+        Ok(Plan {
+            packs: bins.iter().map(|order| pack(tokens, masks, order)).collect(),
+            seq_weight: token_weights(&counts, self.config.aggregation),
+            shape: Shape {
+                sequences: counts.iter().filter(|&&c| c > 0).count(),
+                forward_tokens: lengths.iter().sum(),
+                micro_batches: bins.len(),
+            },
+        })
+    }
+
+    /// Back-propagates one micro-batch's loss into `store`; returns the loss.
+    fn backward_into(&self, loss: Tensor<A, 1>, store: &mut GradStore<A::InnerBackend>) -> f64 {
+        let value = host_scalar(loss.clone().detach());
+        let mut grads = loss.backward();
+        self.model().visit(&mut Accumulate::<A> {
+            path: Vec::new(),
+            grads: &mut grads,
+            store,
+        });
+        value
     }
 
     /// One GRPO step on `batch`.
@@ -265,9 +293,11 @@ where
         let adv = normalized_advantages(batch, cfg.adv_norm.as_ref())?;
         let tokens: Vec<&[u32]> = batch.sequences.iter().map(|s| s.tokens.as_slice()).collect();
         let masks: Vec<&[bool]> = batch.sequences.iter().map(|s| s.loss_mask.as_slice()).collect();
-        let counts: Vec<usize> = masks.iter().map(|m| m.iter().filter(|&&x| x).count()).collect();
-        let seq_weight = token_weights(&counts, self.config.aggregation);
-        let packs = self.packs(&tokens, &masks)?;
+        let Plan {
+            packs,
+            seq_weight,
+            shape,
+        } = self.plan(&tokens, &masks)?;
         let model = self.model();
         let mut store = GradStore::<A::InnerBackend>::default();
         let mut tally = Tally::default();
@@ -314,13 +344,7 @@ where
             };
             let ent_host = host_vec(ent.clone().detach());
             let mb_loss = ppo_loss(out.logp, (cfg.entropy_coeff > 0.0).then_some(ent), &consts, cfg);
-            loss += host_scalar(mb_loss.clone().detach());
-            let mut grads = mb_loss.backward();
-            model.visit(&mut Accumulate::<A> {
-                path: Vec::new(),
-                grads: &mut grads,
-                store: &mut store,
-            });
+            loss += self.backward_into(mb_loss, &mut store);
             for (i, &(s, t)) in p.origin.iter().enumerate() {
                 let a = f64::from(consts.adv[i]);
                 let log_ratio = f64::from(logp[i] - consts.prox[i]);
@@ -353,11 +377,6 @@ where
                 }
             }
         }
-        let shape = Shape {
-            sequences: counts.iter().filter(|&&c| c > 0).count(),
-            forward_tokens: packs.iter().map(|p| p.tokens.len()).sum(),
-            micro_batches: packs.len(),
-        };
         Ok((loss, store, tally, shape))
     }
 
@@ -367,9 +386,11 @@ where
         batch.check(self.model_config.vocab_size)?;
         let tokens: Vec<&[u32]> = batch.sequences.iter().map(|s| s.tokens.as_slice()).collect();
         let masks: Vec<&[bool]> = batch.sequences.iter().map(|s| s.loss_mask.as_slice()).collect();
-        let counts: Vec<usize> = masks.iter().map(|m| m.iter().filter(|&&x| x).count()).collect();
-        let seq_weight = token_weights(&counts, self.config.aggregation);
-        let packs = self.packs(&tokens, &masks)?;
+        let Plan {
+            packs,
+            seq_weight,
+            shape,
+        } = self.plan(&tokens, &masks)?;
         let model = self.model();
         let mut store = GradStore::<A::InnerBackend>::default();
         let (mut loss, mut ent_sum, mut n) = (0.0, 0.0, 0usize);
@@ -379,14 +400,7 @@ where
             ent_sum += ent.iter().map(|&e| f64::from(e)).sum::<f64>();
             n += p.trained();
             let weight: Vec<f32> = p.origin.iter().map(|&(s, _)| seq_weight[s]).collect();
-            let mb_loss = sft_loss(out.logp, &weight);
-            loss += host_scalar(mb_loss.clone().detach());
-            let mut grads = mb_loss.backward();
-            model.visit(&mut Accumulate::<A> {
-                path: Vec::new(),
-                grads: &mut grads,
-                store: &mut store,
-            });
+            loss += self.backward_into(sft_loss(out.logp, &weight), &mut store);
         }
         let (lr, grad_norm) = self.apply(store);
         Ok(StepStats {
@@ -394,10 +408,10 @@ where
             loss,
             lr,
             grad_norm,
-            sequences: counts.iter().filter(|&&c| c > 0).count(),
+            sequences: shape.sequences,
             tokens: n,
-            forward_tokens: packs.iter().map(|p| p.tokens.len()).sum(),
-            micro_batches: packs.len(),
+            forward_tokens: shape.forward_tokens,
+            micro_batches: shape.micro_batches,
             entropy: ent_sum / n.max(1) as f64,
             seconds: started.elapsed().as_secs_f64(),
             ..StepStats::default()
