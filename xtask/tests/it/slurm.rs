@@ -22,22 +22,22 @@ const WORLD: &str = r#"
 token: tok-slurm-7c1e5b90d2
 streams:
   - stream_id: sim-messages
-    default_harness_ref: {key: claude-code, version: sim}
+    default_harness_ref: {key: claude-sim, version: "1"}
     default_reward_ref: {key: sim-grader, version: "1"}
     generated_rows: 6
     recent_tasks:
-      - {status: DONE, harness_ref: {key: claude-code, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
-      - {status: DONE, harness_ref: {key: claude-code, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
-      - {status: HARNESS_FAILED, harness_ref: {key: claude-code, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: DONE, harness_ref: {key: claude-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: DONE, harness_ref: {key: claude-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: HARNESS_FAILED, harness_ref: {key: claude-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
   - stream_id: sim-chat
-    default_harness_ref: {key: swe-agent, version: sim}
+    default_harness_ref: {key: chat-sim, version: "1"}
     default_reward_ref: {key: sim-grader, version: "1"}
     generated_rows: 4
     recent_tasks:
-      - {status: DONE, harness_ref: {key: swe-agent, version: sim}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: DONE, harness_ref: {key: chat-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
 harnesses:
-  - {key: claude-code, version: sim}
-  - {key: swe-agent, version: sim}
+  - {key: claude-sim, version: "1"}
+  - {key: chat-sim, version: "1"}
 "#;
 
 /// Builds the binaries the jobs run (debug profile, the test's own target directory) and returns
