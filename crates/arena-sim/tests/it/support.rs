@@ -48,6 +48,8 @@ pub(crate) fn client(sim: &ArenaSim) -> ArenaClient {
 }
 
 pub(crate) fn http() -> reqwest::Client {
+    // The sim and the client install this too; a test may call the proxy before starting either.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -85,7 +87,8 @@ pub(crate) fn fixture(var: &str) -> PathBuf {
     }
 }
 
-fn model() -> Arc<ChatModel> {
+/// The SmolLM2 fixture's tokenizer and chat template, loaded once.
+pub(crate) fn model() -> Arc<ChatModel> {
     static MODEL: OnceLock<Arc<ChatModel>> = OnceLock::new();
     MODEL
         .get_or_init(|| Arc::new(ChatModel::from_dir(fixture("ARENA_RL_SMOLLM2")).expect("SmolLM2 loads")))
@@ -101,11 +104,16 @@ pub(crate) struct Proxy {
 
 impl Proxy {
     pub(crate) async fn start() -> Self {
+        Self::with_context(4096).await
+    }
+
+    /// A proxy whose engine takes prompts of up to `max_context_len` tokens.
+    pub(crate) async fn with_context(max_context_len: usize) -> Self {
         let model = model();
         let engine = Arc::new(FakeEngine::new(FakeEngineConfig {
             vocab: 200..5000,
             eos_token: model.stop_token_ids.first().copied(),
-            max_context_len: 4096,
+            max_context_len,
             ..FakeEngineConfig::default()
         }));
         let state = ProxyState::new(ProxyConfig::new(SecretString::from(ADMIN)), model, engine.clone())
