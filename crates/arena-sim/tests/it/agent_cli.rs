@@ -3,7 +3,8 @@
 //! a route to the real rollout proxy and launches a row; the sim runs `claude -p` with Arena's environment;
 //! the CLI's requests (about 30 KB of system prompt and tools each) go through the sim's LLM gateway to the
 //! proxy, whose fake engine is scripted to call `lookup` through Claude Code's `Bash` tool and then answer;
-//! the grader sees the logged `lookup` call and the printed answer.
+//! the grader sees the logged `lookup` call and the printed answer. The Codex CLI (`@openai/codex`) runs the
+//! same task over the Responses protocol in `direct` mode.
 //!
 //! Where `ARENA_RL_NODE_BIN` is unset the test fails naming it, unless npm itself is unavailable (then no
 //! fixture can exist and the test says so and passes without running the CLI).
@@ -43,11 +44,19 @@ fn node_bin() -> Option<PathBuf> {
     Some(fixture("ARENA_RL_NODE_BIN"))
 }
 
-/// One `session_gateway` rollout of the stream's first row with the runner `def`, as the training loop runs
-/// it: the route registry advertises `inbound`, the proxy session is bound through the session headers.
+/// How the launch reaches the proxy.
+enum Mode {
+    /// Through the sim's gateway on a registered route advertising this protocol; the session is bound by the
+    /// session headers.
+    SessionGateway(&'static str),
+    /// Straight to the proxy with this session key.
+    Direct(SecretString),
+}
+
+/// One rollout of the stream's first row with the runner `def`, as the training loop runs it.
 async fn rollout(
     def: CommandRunnerDef,
-    inbound: &str,
+    mode: Mode,
     proxy: &Proxy,
     session: &str,
 ) -> (ArenaSim, RolloutReport) {
@@ -62,10 +71,7 @@ async fn rollout(
         .insert("agent-cli".to_string(), RunnerDef::Command(def));
     let sim = ArenaSim::start(world).await.expect("sim starts");
     let client = client(&sim);
-    let mut options = RegistryOptions::new(60.0).expect("options");
-    options.inbound_protos = vec![inbound.to_string()];
-    let registry = RouteRegistry::new(client.clone(), options);
-    let spec = RolloutSpec {
+    let mut spec = RolloutSpec {
         stream_id: "cli".to_string(),
         data_id: "cli-row-0".to_string(),
         harness: None,
@@ -73,19 +79,33 @@ async fn rollout(
         proxy_base_url: proxy.url(),
         session_key: SecretString::from("unused-in-session-gateway"),
         session_id: Some(session.to_string()),
-        gateway_key: Some(proxy.state.gateway_key()),
-        session_token: Some(proxy.state.session_token(session)),
+        gateway_key: None,
+        session_token: None,
         run: RunOptions {
             timeout: Duration::from_secs(180),
             idempotency_key: None,
         },
     };
-    let setup = RouteSetup::SessionGateway {
-        registry: registry.clone(),
-        llm_api_key: SecretString::from(LLM_KEY),
+    let report = match mode {
+        Mode::SessionGateway(inbound) => {
+            let mut options = RegistryOptions::new(60.0).expect("options");
+            options.inbound_protos = vec![inbound.to_string()];
+            let registry = RouteRegistry::new(client.clone(), options);
+            spec.gateway_key = Some(proxy.state.gateway_key());
+            spec.session_token = Some(proxy.state.session_token(session));
+            let setup = RouteSetup::SessionGateway {
+                registry: registry.clone(),
+                llm_api_key: SecretString::from(LLM_KEY),
+            };
+            let report = client.run_rollout(&setup, &spec).await;
+            registry.close().await;
+            report
+        }
+        Mode::Direct(key) => {
+            spec.session_key = key;
+            client.run_rollout(&RouteSetup::Direct, &spec).await
+        }
     };
-    let report = client.run_rollout(&setup, &spec).await;
-    registry.close().await;
     (sim, report)
 }
 
@@ -152,7 +172,7 @@ async fn claude_code_completes_a_graded_lifecycle_through_gateway_and_proxy() {
         "Bash(lookup:*)",
     ]);
 
-    let (sim, report) = rollout(def, "anthropic", &proxy, &session).await;
+    let (sim, report) = rollout(def, Mode::SessionGateway("anthropic"), &proxy, &session).await;
 
     assert_eq!(report.cleanup, Some(true), "the route was released");
     let model_name = report.model_name.clone().expect("a registered model name");
@@ -200,4 +220,78 @@ async fn claude_code_completes_a_graded_lifecycle_through_gateway_and_proxy() {
     assert_eq!(gateway.requests, gateway.forwarded, "{gateway:?}");
     assert_eq!(counters.registrations_by_name.get(&model_name), Some(&1));
     assert_eq!(counters.live_routes, 0, "no route is left registered");
+}
+
+/// Codex over the Responses protocol. Arena delivers session headers only through `ANTHROPIC_CUSTOM_HEADERS`,
+/// which Codex ignores, so a Codex harness reaches the proxy in `direct` mode with the session key; Codex
+/// also ignores `OPENAI_BASE_URL`, so a custom provider on its command line points it at `{base_url}`.
+/// Its default read-only sandbox would stop `lookup` from logging the call (the grader would then score 0),
+/// and its login shell would reset `PATH` and lose `lookup`: the harness turns both off, as a harness inside
+/// Arena's own sandbox would.
+#[tokio::test]
+async fn codex_completes_a_graded_lifecycle_in_direct_mode() {
+    let Some(bin) = node_bin() else { return };
+    let proxy = Proxy::with_context(CONTEXT).await;
+    let task = TaskInstance::from_data_id(TaskFamily::Max, "cli-row-0");
+    proxy.script(&format!(
+        "<tool_call>\n{{\"name\": \"exec_command\", \"arguments\": {{\"cmd\": \"lookup {}\"}}}}\n</tool_call>",
+        task.key
+    ));
+    proxy.script(&task.target().to_string());
+    let (_, other_key) = proxy.session("other").await;
+    let (session, key) = proxy.session("codex").await;
+    let codex = bin.join("codex").to_string_lossy().into_owned();
+    let def = CommandRunnerDef::new(&[
+        &codex,
+        "exec",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "danger-full-access",
+        "-c",
+        "allow_login_shell=false",
+        "-c",
+        "model_providers.arena={name=\"arena\",base_url=\"{base_url}/v1\",env_key=\"OPENAI_API_KEY\",\
+         wire_api=\"responses\"}",
+        "-c",
+        "model_provider=arena",
+        "-m",
+        "{model}",
+        "{prompt}",
+    ]);
+
+    let (sim, report) = rollout(def, Mode::Direct(key.clone()), &proxy, &session).await;
+
+    assert_eq!(report.cleanup, None, "direct mode registers nothing");
+    let result = match report.result {
+        Ok(r) => r,
+        Err(e) => panic!("the rollout failed: {e}"),
+    };
+    assert_eq!(
+        (result.status.clone(), result.score),
+        (TaskStatus::Done, Some(1.0)),
+        "{:#}",
+        result.raw
+    );
+    assert_eq!(
+        result.raw["tool_calls"],
+        json!([{"id": "", "name": "lookup", "arguments": {"key": task.key}}]),
+        "the grader saw the CLI run the tool"
+    );
+    assert_eq!(result.raw["final_answer"], task.target().to_string());
+    let requests = proxy.engine.requests();
+    assert_eq!(requests.len(), 2, "a tool call, then the final answer");
+    let second = model()
+        .tokenizer
+        .decode(&requests[1].input_ids, false)
+        .expect("decodes");
+    assert!(
+        second.contains(&task.digits_text()),
+        "the lookup output came back to the model"
+    );
+    check_metrics(&proxy, "responses").await;
+    assert_eq!(proxy.end(&key).await, 2);
+    assert_eq!(proxy.end(&other_key).await, 0);
+    let counters = sim.counters();
+    assert!(counters.gateway.is_empty(), "the gateway saw nothing");
+    assert_eq!(counters.registrations, 0);
 }
