@@ -1,7 +1,7 @@
 //! The real Claude Code CLI (npm `@anthropic-ai/claude-code`, from `ARENA_RL_NODE_BIN`) as the external-command
 //! harness, through the whole chain the training loop uses in `session_gateway` mode: `arena-client` registers
 //! a route to the real rollout proxy and launches a row; the sim runs `claude -p` with Arena's environment;
-//! the CLI's requests (about 30 KB of system prompt and tools each) go through the sim's LLM gateway to the
+//! the CLI's requests (over 4k tokens of system prompt and tools each) go through the sim's LLM gateway to the
 //! proxy, whose fake engine is scripted to call `lookup` through Claude Code's `Bash` tool and then answer;
 //! the grader sees the logged `lookup` call and the printed answer. The Codex CLI (`@openai/codex`) runs the
 //! same task over the Responses protocol in `direct` mode.
