@@ -147,20 +147,83 @@ async fn check_metrics(proxy: &Proxy, endpoint: &str) {
     }
 }
 
+/// A proxy scripted to run `lookup KEY` through the CLI's own shell tool (`tool`, whose arguments `arguments`
+/// builds from the command) and then answer; with the session under test and a second, decoy session that the
+/// CLI's requests must not reach.
+struct Scripted {
+    proxy: Proxy,
+    task: TaskInstance,
+    session: String,
+    key: SecretString,
+    decoy: SecretString,
+}
+
+impl Scripted {
+    async fn start(tool: &str, arguments: impl Fn(&str) -> String) -> Self {
+        let proxy = Proxy::with_context(CONTEXT).await;
+        let task = TaskInstance::from_data_id(TaskFamily::Max, "cli-row-0");
+        let command = format!("lookup {}", task.key);
+        proxy.script(&format!(
+            "<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {}}}\n</tool_call>",
+            arguments(&command)
+        ));
+        proxy.script(&task.target().to_string());
+        let (_, decoy) = proxy.session("decoy").await;
+        let (session, key) = proxy.session("agent-cli").await;
+        Self {
+            proxy,
+            task,
+            session,
+            key,
+            decoy,
+        }
+    }
+
+    /// Checks the graded result and what the proxy saw: two generations (the second carrying the tool's
+    /// output back), all answered 200 on `endpoint`, both in the session under test. Answers the first
+    /// prompt's length in tokens.
+    async fn check(&self, report: RolloutReport, endpoint: &str) -> usize {
+        let result = match report.result {
+            Ok(r) => r,
+            Err(e) => panic!("the rollout failed: {e}"),
+        };
+        assert_eq!(
+            (result.status.clone(), result.score),
+            (TaskStatus::Done, Some(1.0)),
+            "{:#}",
+            result.raw
+        );
+        assert_eq!(
+            result.raw["tool_calls"],
+            json!([{"id": "", "name": "lookup", "arguments": {"key": self.task.key}}]),
+            "the grader saw the CLI run the tool"
+        );
+        assert_eq!(result.raw["final_answer"], self.task.target().to_string());
+        assert_eq!(result.raw["exit_code"], 0);
+        let requests = self.proxy.engine.requests();
+        assert_eq!(requests.len(), 2, "a tool call, then the final answer");
+        let second = model()
+            .tokenizer
+            .decode(&requests[1].input_ids, false)
+            .expect("decodes");
+        assert!(
+            second.contains(&self.task.digits_text()),
+            "the lookup output came back to the model"
+        );
+        check_metrics(&self.proxy, endpoint).await;
+        assert_eq!(self.proxy.end(&self.key).await, 2);
+        assert_eq!(self.proxy.end(&self.decoy).await, 0);
+        requests[0].input_ids.len()
+    }
+}
+
 #[tokio::test]
 async fn claude_code_completes_a_graded_lifecycle_through_gateway_and_proxy() {
     let Some(bin) = node_bin() else { return };
-    let proxy = Proxy::with_context(CONTEXT).await;
-    let task = TaskInstance::from_data_id(TaskFamily::Max, "cli-row-0");
-    proxy.script(&format!(
-        "<tool_call>\n{{\"name\": \"Bash\", \"arguments\": {{\"command\": \"lookup {}\", \"description\": \
-         \"Read the digits\"}}}}\n</tool_call>",
-        task.key
-    ));
-    proxy.script(&task.target().to_string());
-    // A second live session: the CLI's requests must land in the one its headers name, not in this one.
-    let (_, other_key) = proxy.session("other").await;
-    let (session, key) = proxy.session("claude-code").await;
+    let run = Scripted::start("Bash", |command| {
+        json!({"command": command, "description": "Read the digits"}).to_string()
+    })
+    .await;
     let claude = bin.join("claude").to_string_lossy().into_owned();
     let def = CommandRunnerDef::new(&[
         &claude,
@@ -172,48 +235,16 @@ async fn claude_code_completes_a_graded_lifecycle_through_gateway_and_proxy() {
         "Bash(lookup:*)",
     ]);
 
-    let (sim, report) = rollout(def, Mode::SessionGateway("anthropic"), &proxy, &session).await;
+    let (sim, report) = rollout(def, Mode::SessionGateway("anthropic"), &run.proxy, &run.session).await;
 
     assert_eq!(report.cleanup, Some(true), "the route was released");
     let model_name = report.model_name.clone().expect("a registered model name");
-    let result = match report.result {
-        Ok(r) => r,
-        Err(e) => panic!("the rollout failed: {e}"),
-    };
-    assert_eq!(
-        (result.status.clone(), result.score),
-        (TaskStatus::Done, Some(1.0)),
-        "{:#}",
-        result.raw
-    );
-    assert_eq!(
-        result.raw["tool_calls"],
-        json!([{"id": "", "name": "lookup", "arguments": {"key": task.key}}]),
-        "the grader saw the CLI run the tool"
-    );
-    assert_eq!(result.raw["final_answer"], task.target().to_string());
-    assert_eq!(result.raw["exit_code"], 0);
-
-    // Two generations, the second carrying the tool's output back; both reached the session the headers
-    // named, through the gateway, for the registered name.
-    let requests = proxy.engine.requests();
-    assert_eq!(requests.len(), 2, "a tool call, then the final answer");
-    let second = model()
-        .tokenizer
-        .decode(&requests[1].input_ids, false)
-        .expect("decodes");
+    let prompt = run.check(report, "messages").await;
     assert!(
-        second.contains(&task.digits_text()),
-        "the lookup output came back to the model"
+        prompt > TINY_CONTEXT,
+        "Claude Code's prompt ({prompt} tokens) is far longer than a tiny policy's context"
     );
-    assert!(
-        requests[0].input_ids.len() > TINY_CONTEXT,
-        "Claude Code's prompt ({} tokens) is far longer than the tiny policy's context",
-        requests[0].input_ids.len()
-    );
-    check_metrics(&proxy, "messages").await;
-    assert_eq!(proxy.end(&key).await, 2);
-    assert_eq!(proxy.end(&other_key).await, 0);
+    // Both requests went through the gateway, for the registered name, and the route is gone.
     let counters = sim.counters();
     let gateway = &counters.gateway[&LlmProtocol::Anthropic];
     assert!(gateway.forwarded >= 2, "{gateway:?}");
@@ -231,15 +262,7 @@ async fn claude_code_completes_a_graded_lifecycle_through_gateway_and_proxy() {
 #[tokio::test]
 async fn codex_completes_a_graded_lifecycle_in_direct_mode() {
     let Some(bin) = node_bin() else { return };
-    let proxy = Proxy::with_context(CONTEXT).await;
-    let task = TaskInstance::from_data_id(TaskFamily::Max, "cli-row-0");
-    proxy.script(&format!(
-        "<tool_call>\n{{\"name\": \"exec_command\", \"arguments\": {{\"cmd\": \"lookup {}\"}}}}\n</tool_call>",
-        task.key
-    ));
-    proxy.script(&task.target().to_string());
-    let (_, other_key) = proxy.session("other").await;
-    let (session, key) = proxy.session("codex").await;
+    let run = Scripted::start("exec_command", |command| json!({"cmd": command}).to_string()).await;
     let codex = bin.join("codex").to_string_lossy().into_owned();
     let def = CommandRunnerDef::new(&[
         &codex,
@@ -259,38 +282,11 @@ async fn codex_completes_a_graded_lifecycle_in_direct_mode() {
         "{prompt}",
     ]);
 
-    let (sim, report) = rollout(def, Mode::Direct(key.clone()), &proxy, &session).await;
+    let mode = Mode::Direct(run.key.clone());
+    let (sim, report) = rollout(def, mode, &run.proxy, &run.session).await;
 
     assert_eq!(report.cleanup, None, "direct mode registers nothing");
-    let result = match report.result {
-        Ok(r) => r,
-        Err(e) => panic!("the rollout failed: {e}"),
-    };
-    assert_eq!(
-        (result.status.clone(), result.score),
-        (TaskStatus::Done, Some(1.0)),
-        "{:#}",
-        result.raw
-    );
-    assert_eq!(
-        result.raw["tool_calls"],
-        json!([{"id": "", "name": "lookup", "arguments": {"key": task.key}}]),
-        "the grader saw the CLI run the tool"
-    );
-    assert_eq!(result.raw["final_answer"], task.target().to_string());
-    let requests = proxy.engine.requests();
-    assert_eq!(requests.len(), 2, "a tool call, then the final answer");
-    let second = model()
-        .tokenizer
-        .decode(&requests[1].input_ids, false)
-        .expect("decodes");
-    assert!(
-        second.contains(&task.digits_text()),
-        "the lookup output came back to the model"
-    );
-    check_metrics(&proxy, "responses").await;
-    assert_eq!(proxy.end(&key).await, 2);
-    assert_eq!(proxy.end(&other_key).await, 0);
+    run.check(report, "responses").await;
     let counters = sim.counters();
     assert!(counters.gateway.is_empty(), "the gateway saw nothing");
     assert_eq!(counters.registrations, 0);
