@@ -1,4 +1,8 @@
 //! The `arena-sim` binary: serves a YAML world on a socket until interrupted.
+//!
+//! `ARENA_SIM_TOKEN` and `ARENA_SIM_LLM_API_KEY`, when set, replace the world's control-plane token and gateway
+//! key, so a script can serve a built-in world with credentials of its own without putting them on a command
+//! line or in a file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,6 +12,8 @@ use arena_sim::{ArenaSim, World};
 use clap::Parser;
 
 /// A real Arena on loopback: serves the OpenAPI control plane and the LLM gateway of a YAML world.
+///
+/// ARENA_SIM_TOKEN and ARENA_SIM_LLM_API_KEY, when set, replace the world's token and gateway key.
 #[derive(Parser)]
 #[command(name = "arena-sim", version)]
 struct Args {
@@ -39,11 +45,17 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let world = match (&args.world, args.preset) {
+    let mut world = match (&args.world, args.preset) {
         (Some(path), _) => World::from_file(path)?,
         (None, Some(Preset::Quickstart)) => World::quickstart(),
         (None, None) => World::default(),
     };
+    if let Some(token) = env_value("ARENA_SIM_TOKEN")? {
+        world.token = token;
+    }
+    if let Some(key) = env_value("ARENA_SIM_LLM_API_KEY")? {
+        world.llm_api_key = Some(key);
+    }
     let sim = ArenaSim::builder(world)
         .bind(args.bind)
         .start()
@@ -54,4 +66,15 @@ async fn main() -> Result<()> {
     tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     sim.shutdown().await;
     Ok(())
+}
+
+/// A credential override from the environment: unset or empty means none; a value that is not UTF-8 is an
+/// error naming the variable (never the value).
+fn env_value(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{name} is not valid UTF-8"),
+    }
 }
