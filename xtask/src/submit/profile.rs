@@ -99,7 +99,7 @@ impl Knobs {
 /// Reads the profile's knobs, applying the Flash V3 rules to its environment variables.
 pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option<Knobs> {
     match profile {
-        // The quickstart's sizes (examples/configs/quickstart.yaml).
+        // A quickstart-sized smoke run of examples/configs/quickstart.yaml's Streams: two steps of 2 x 2 rollouts.
         Profile::Local => Some(Knobs {
             nodes: 1,
             actor: "burn:cpu".into(),

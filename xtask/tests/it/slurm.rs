@@ -1,9 +1,11 @@
-//! The real-Slurm test: `xtask submit --check-arena` on a one-node cluster on this machine, against a running
-//! `arena-sim`, with `AREAL_CONTAINER_BIN=none`. The controller job runs under Slurm, and its
-//! `preflight.json` is what the world implies.
+//! The real-Slurm tests, on a one-node cluster on this machine with `AREAL_CONTAINER_BIN=none`, against a
+//! running `arena-sim`: `xtask submit --check-arena` (the controller job runs under Slurm, and its
+//! `preflight.json` is what the world implies), and a real `xtask submit --profile local` whose controller
+//! submits the train job, which trains the quickstart's tiny policy for two steps; both jobs end COMPLETED.
 //!
-//! Where Slurm cannot be installed or started, the test says so on stderr and passes without running.
+//! Where Slurm cannot be installed or started, the tests say so on stderr and pass without running.
 
+use std::ffi::OsStr;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -88,11 +90,20 @@ struct Sim {
     base_url: String,
 }
 
+/// The world an `arena-sim` serves.
+enum SimWorld<'a> {
+    /// A YAML world; its `token` must be [`TOKEN`].
+    Yaml(&'a str),
+    /// The built-in quickstart world (`--preset quickstart`), given the test's token and LLM key through the
+    /// environment, never on the command line.
+    Quickstart,
+}
+
 impl Sim {
-    fn start(bin: &Path, world: &Path) -> Self {
+    fn start(bin: &Path, args: &[&OsStr], envs: &[(&str, &str)]) -> Self {
         let mut child = Command::new(bin)
-            .arg("--world")
-            .arg(world)
+            .args(args)
+            .envs(envs.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -158,19 +169,22 @@ fn assert_no_credentials(what: &str, text: &str) {
 /// Everything a submission under Slurm needs: the cluster, the binaries, a running `arena-sim`, and a shared
 /// directory with a model directory, a file root and credentials files.
 ///
-/// A test of a whole training run uses it the same way as the `--check-arena` test below: `Site::start`, then
-/// `submit` without `--check-arena`, then `cluster.wait_job` on the controller and on the id in `train.jobid`.
+/// The training test uses it the same way as the `--check-arena` test: `Site::start`, then `prepare_policy`
+/// (the model the train job loads), then `submit` without `--check-arena`, then `wait_controller` and
+/// `cluster.job_state` on the id in `train.jobid`.
 struct Site {
     // Dropped in this order: arena-sim, then the files, then the cluster's daemons.
     sim: Sim,
     work: tempfile::TempDir,
     arena_rl: PathBuf,
+    /// `MODEL_PATH` of the submissions: an empty directory until `prepare_policy`.
+    model: PathBuf,
     cluster: Cluster,
 }
 
 impl Site {
     /// Starts the cluster and `arena-sim` serving `world`; `None` (after saying why) where Slurm is unavailable.
-    fn start(world: &str) -> Option<Self> {
+    fn start(world: SimWorld<'_>) -> Option<Self> {
         let cluster = match Cluster::start() {
             Ok(c) => c,
             Err(Unavailable(reason)) => {
@@ -184,16 +198,55 @@ impl Site {
             .tempdir_in("/tmp")
             .expect("work dir");
         let w = work.path();
-        write(&w.join("world.yaml"), world);
-        let sim = Sim::start(&arena_sim, &w.join("world.yaml"));
-        std::fs::create_dir_all(w.join("model")).expect("model dir");
+        let sim = match world {
+            SimWorld::Yaml(text) => {
+                let path = w.join("world.yaml");
+                write(&path, text);
+                Sim::start(&arena_sim, &["--world".as_ref(), path.as_os_str()], &[])
+            }
+            SimWorld::Quickstart => Sim::start(
+                &arena_sim,
+                &["--preset".as_ref(), "quickstart".as_ref()],
+                &[("ARENA_SIM_TOKEN", TOKEN), ("ARENA_SIM_LLM_API_KEY", LLM_KEY)],
+            ),
+        };
+        let model = w.join("model");
+        std::fs::create_dir_all(&model).expect("model dir");
         std::fs::create_dir_all(w.join("runs")).expect("file root");
         Some(Self {
             sim,
             work,
             arena_rl,
+            model,
             cluster,
         })
+    }
+
+    /// Builds the quickstart's tiny policy without its supervised warm-up (`arena-rl quickstart
+    /// --prepare-policy --warmup-steps 0`, about a second) under the work directory, and makes it the
+    /// submissions' `MODEL_PATH`.
+    fn prepare_policy(&mut self) {
+        let fileroot = self.path("policy");
+        let out = Command::new(&self.arena_rl)
+            .args(["quickstart", "--prepare-policy", "--warmup-steps", "0"])
+            .arg(format!("cluster.fileroot={}", fileroot.display()))
+            .env_clear()
+            .env("HOME", self.work.path())
+            .env("PATH", crate::cluster::path_with_sbin())
+            .output()
+            .expect("arena-rl quickstart --prepare-policy runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "arena-rl quickstart --prepare-policy failed:\n{stderr}"
+        );
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        assert!(
+            dir.starts_with(&fileroot) && dir.join("config.json").is_file(),
+            "arena-rl quickstart --prepare-policy printed {dir:?}, not a model folder under {}",
+            fileroot.display()
+        );
+        self.model = dir;
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -210,7 +263,7 @@ impl Site {
             .envs(self.cluster.env())
             .env("HOME", self.work.path())
             .env("AREAL_CONTAINER_BIN", "none")
-            .env("MODEL_PATH", self.path("model"))
+            .env("MODEL_PATH", &self.model)
             .env("AREAL_FILEROOT", self.path("runs"))
             .env("ARENA_CREDENTIALS_FILE", self.path(credentials))
             .env("ARENA_RL_BIN", &self.arena_rl)
@@ -230,9 +283,9 @@ impl Site {
         job
     }
 
-    /// Waits for the controller `job` of `trial`; returns its final state and log.
-    fn wait_controller(&self, trial: &str, job: &str) -> (String, String) {
-        let state = self.cluster.wait_job(job, Duration::from_secs(120));
+    /// Waits up to `limit` for the controller `job` of `trial`; returns its final state and log.
+    fn wait_controller(&self, trial: &str, job: &str, limit: Duration) -> (String, String) {
+        let state = self.cluster.wait_job(job, limit);
         let log =
             std::fs::read_to_string(self.path(&format!("runs/submissions/{trial}/controller-{job}.log")))
                 .unwrap_or_default();
@@ -240,9 +293,12 @@ impl Site {
     }
 }
 
+/// How long a controller that only runs the preflight may take.
+const PREFLIGHT_LIMIT: Duration = Duration::from_secs(120);
+
 #[test]
 fn check_arena_runs_the_preflight_under_slurm() {
-    let Some(site) = Site::start(WORLD) else {
+    let Some(site) = Site::start(SimWorld::Yaml(WORLD)) else {
         return;
     };
     // The file's base URL is stale: the explicit launch value must win over it.
@@ -255,7 +311,7 @@ fn check_arena_runs_the_preflight_under_slurm() {
 
     // The complete credentials file: the controller runs the preflight and stops.
     let job = site.submit("slurm-check", "arena.env", &check);
-    let (state, log) = site.wait_controller("slurm-check", &job);
+    let (state, log) = site.wait_controller("slurm-check", &job, PREFLIGHT_LIMIT);
     assert_eq!(
         state,
         "COMPLETED",
@@ -293,7 +349,7 @@ fn check_arena_runs_the_preflight_under_slurm() {
 
     // Without SWE_RL_ADMIN_API_KEY the controller fails before the preflight, naming the variable.
     let job = site.submit("slurm-partial", "partial.env", &check);
-    let (state, log) = site.wait_controller("slurm-partial", &job);
+    let (state, log) = site.wait_controller("slurm-partial", &job, PREFLIGHT_LIMIT);
     assert_eq!(state, "FAILED", "controller log:\n{log}");
     assert!(
         log.contains("controller: SWE_RL_ADMIN_API_KEY is not set; export it from"),
@@ -304,4 +360,90 @@ fn check_arena_runs_the_preflight_under_slurm() {
             .path("runs/submissions/slurm-partial/preflight.json")
             .exists()
     );
+}
+
+/// How long the training submission may take: the preflight, the train job's two steps of the tiny policy in a
+/// debug build (about 10 s here), and Slurm's scheduling, with room for a loaded machine.
+const TRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+#[test]
+fn submit_trains_the_local_profile_for_two_steps_under_slurm() {
+    let Some(mut site) = Site::start(SimWorld::Quickstart) else {
+        return;
+    };
+    site.prepare_policy();
+    write(&site.path("arena.env"), &credentials(&site.sim.base_url, true));
+    let trial = "slurm-train";
+    // The local profile's knobs are the quickstart-sized run: batch 2, 2 samples, 2 steps.
+    let job = site.submit(trial, "arena.env", &["--profile", "local"]);
+    let (state, log) = site.wait_controller(trial, &job, TRAIN_LIMIT);
+    let dir = site.path(&format!("runs/submissions/{trial}"));
+    let train_job = std::fs::read_to_string(dir.join("train.jobid"))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default();
+    let train_log = std::fs::read_to_string(dir.join(format!("train-{train_job}.log"))).unwrap_or_default();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "controller log:\n{log}\ntrain log:\n{train_log}\n{}",
+        site.cluster.logs()
+    );
+    assert!(log.contains("controller: preflight passed"), "{log}");
+    assert!(dir.join("preflight.json").is_file(), "no preflight.json");
+    assert!(
+        log.contains(&format!("controller: the GPU job {train_job} ended: COMPLETED")),
+        "{log}"
+    );
+    assert_eq!(
+        site.cluster.job_state(&train_job).as_deref(),
+        Some("COMPLETED"),
+        "the train job's state; its log:\n{train_log}"
+    );
+    assert!(
+        train_log.contains("train: trial slurm-train: trainer on ")
+            && train_log.contains("policy servers: in-process"),
+        "{train_log}"
+    );
+    assert!(
+        train_log.contains("train: the trainer exited with status 0"),
+        "{train_log}"
+    );
+
+    // `arena-rl train` ran in the run directory of the profile's fileroot and trial, for two steps.
+    let run = site.path(&format!("runs/arena-local/{trial}"));
+    assert!(
+        train_log.contains(&format!("trained 2 step(s) in {}", run.display())),
+        "{train_log}"
+    );
+    let metrics = std::fs::read_to_string(run.join("metrics/metrics.jsonl")).expect("metrics.jsonl written");
+    let steps: Vec<u64> = metrics
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a metrics line is JSON");
+            v["step"].as_u64().expect("a metrics line has a step")
+        })
+        .collect();
+    assert_eq!(steps, [0, 1], "metrics.jsonl:\n{metrics}");
+    let checkpoint = run.join("checkpoints/step-2");
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(checkpoint.join("checkpoint.json")).expect("checkpoint.json written"),
+    )
+    .expect("checkpoint.json is JSON");
+    assert_eq!(manifest["step"], 2, "{manifest}");
+    assert!(checkpoint.join("model.safetensors").is_file());
+
+    // No credential in the submission, the run's outputs (config, journal, results, checkpoint), or the jobs'
+    // scripts and environments that Slurm stored, the train job's included.
+    for (path, text) in files(&site.path("runs")) {
+        assert_no_credentials(&path.display().to_string(), &text);
+    }
+    let stored = files(&site.cluster.state_dir());
+    assert!(
+        stored.iter().any(|(_, text)| text.contains("--step trainer")),
+        "the train job's stored script was not found under {}",
+        site.cluster.state_dir().display()
+    );
+    for (path, text) in stored {
+        assert_no_credentials(&path.display().to_string(), &text);
+    }
 }
