@@ -1,12 +1,15 @@
 //! The task family the sim's graders score: "largest (or smallest) digit under a key", with one tool.
 //!
 //! A row is a task instance generated deterministically from its `data_id`: a short key such as `q3` and the
-//! four digits stored under it. The prompt asks for the largest (family [`TaskFamily::Max`], tag `domain:max`)
+//! six digits stored under it. The prompt asks for the largest (family [`TaskFamily::Max`], tag `domain:max`)
 //! or smallest ([`TaskFamily::Min`], tag `domain:min`) digit under the key; the only tool is `lookup(key)`,
-//! which answers the digits (`4 9 1 7`). The model must call `lookup` with the right key and answer with one
+//! which answers the digits (`4 9 1 7 5 2`). The model must call `lookup` with the right key and answer with one
 //! digit; the score is `max(0, 1 - |answer - target| / 4)`, and 0 without a valid lookup or a single-digit
 //! answer. Prompts and tool definitions are short because the quickstart's policy has a context of a few
-//! hundred tokens.
+//! hundred tokens. With six digits the largest (smallest) one is concentrated near 9 (0), so the reward has
+//! room to rise in stages: a policy answering uniformly random digits earns about 0.31 on average, one that
+//! answers 8 to every "largest" and 1 to every "smallest" question about 0.77, and one that reads the digits
+//! 1.0.
 //!
 //! This module is also the library API that a supervised warm-up uses to produce transcripts: the harnesses
 //! build every request from [`TaskInstance::messages`], [`TaskInstance::tools`], [`assistant_turn`] and
@@ -22,7 +25,7 @@ use stream_config::LlmProtocol;
 pub const LOOKUP: &str = "lookup";
 
 /// How many digits are stored under a key.
-pub const DIGITS: usize = 4;
+pub const DIGITS: usize = 6;
 
 /// A family of tasks: which digit the prompt asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -175,7 +178,7 @@ impl TaskInstance {
         format!("{which} digit under key {}?", self.key)
     }
 
-    /// The digits as the tool answers them (`4 9 1 7`).
+    /// The digits as the tool answers them (`4 9 1 7 5 2`).
     pub fn digits_text(&self) -> String {
         self.digits
             .iter()
