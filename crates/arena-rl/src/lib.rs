@@ -22,6 +22,7 @@ pub mod journal;
 pub mod observe;
 pub mod pool;
 pub mod proxy_ctl;
+pub mod quickstart;
 pub mod resolve;
 pub mod run;
 pub mod train;

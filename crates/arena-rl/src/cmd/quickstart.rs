@@ -1,49 +1,133 @@
-//! `arena-rl quickstart`: the main job on this machine, from the embedded `examples/configs/quickstart.yaml`.
-//!
-//! For now it loads, validates and prints the resolved Streams; the end-to-end issue makes it start
-//! arena-sim and run the training loop.
+//! `arena-rl quickstart [overrides]`: the main job on this machine. It builds a tiny policy, warms it up on the
+//! task format, starts `arena-sim` in-process and runs `arena-rl train` on the embedded
+//! `examples/configs/quickstart.yaml`, then says where the metrics, checkpoint and reward curve are and how
+//! much the mean reward rose.
 
 use std::io::Write as _;
 
 use anyhow::{Context as _, Result};
-use stream_config::{Env, StreamConfig, load_run_config_str, load_stream_configs_with_env};
-
-/// The quickstart config, embedded so that the command works from any directory.
-pub(crate) const QUICKSTART_YAML: &str = include_str!("../../../../examples/configs/quickstart.yaml");
-
-const QUICKSTART_NAME: &str = "examples/configs/quickstart.yaml";
+use arena_rl::quickstart::{
+    self, CURVE_WINDOW, Options, QuickstartSummary, WarmupSettings, policy::PolicySpec,
+};
+use arena_rl::run::RunPaths;
+use arena_rl::train::{GrpoStep, TrainStep};
+use stream_config::{Env, load_stream_configs_with_env};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Dotted overrides of the quickstart config, e.g. `gconfig.n_samples=4` or
-    /// `econfig.arena_streams=[{name: a, stream_id: s}]` (values in YAML flow syntax).
+    /// Seeds the tiny policy (corpus, tokenizer, weights) and the warm-up data.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Supervised warm-up steps on the task format before RL (0 skips the warm-up).
+    #[arg(long)]
+    warmup_steps: Option<u64>,
+    /// The warm-up's learning rate.
+    #[arg(long)]
+    warmup_lr: Option<f64>,
+    /// Conversations the warm-up trains on.
+    #[arg(long)]
+    warmup_conversations: Option<usize>,
+    /// Conversations per warm-up step.
+    #[arg(long)]
+    warmup_batch_size: Option<usize>,
+    /// The fraction of warm-up answers drawn from the question's half of the digits (5-9 for "largest",
+    /// 0-4 for "smallest") rather than from all ten; 0 makes them uniformly random.
+    #[arg(long)]
+    warmup_family_prior: Option<f64>,
+    /// Only load and validate the config (with the overrides), print the resolved Streams, and exit.
+    #[arg(long)]
+    check: bool,
+    /// Only build and warm up the tiny policy (or find it in the cache), print its folder, and exit: the
+    /// `MODEL_PATH` for `arena-rl train --config examples/configs/local.yaml` against an arena-sim of your own.
+    #[arg(long, conflicts_with = "check")]
+    prepare_policy: bool,
+    /// Dotted overrides of the quickstart config, e.g. `actor.lr=0` or `gconfig.n_samples=4`
+    /// (values in YAML flow syntax).
     #[arg(value_name = "SECTION.FIELD=VALUE")]
     overrides: Vec<String>,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
-    let env = Env::from_process();
-    let config = load_run_config_str(QUICKSTART_NAME, QUICKSTART_YAML, &args.overrides, &env)?;
-    let mut streams = load_stream_configs_with_env(&config.econfig, &env)
-        .with_context(|| format!("{QUICKSTART_NAME}: the Streams do not load"))?;
-    for s in &mut streams {
-        s.llm_protocol = Some(s.resolved_protocol(None));
+    if args.check {
+        return check(&args.overrides);
     }
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "# {QUICKSTART_NAME} is valid: experiment {:?}, trial {:?}, Arena at {}, route mode {}",
-        config.experiment_name,
-        config.trial_name,
-        config.econfig.arena_base_url,
-        config.econfig.arena_llm_route_mode
-    )?;
-    writeln!(out, "# {}", summary(&streams))?;
-    writeln!(out, "{}", stream_config::render_streams_yaml(&streams)?)?;
+    // The warm-up alone opens thousands of proxy sessions: per-session lines stay out of the default view.
+    crate::cmd::train::init_logging_with("info,rollout_proxy::control=warn");
+    let mut warmup = WarmupSettings::default();
+    if let Some(steps) = args.warmup_steps {
+        warmup.steps = steps;
+    }
+    if let Some(lr) = args.warmup_lr {
+        warmup.lr = lr;
+    }
+    if let Some(n) = args.warmup_conversations {
+        warmup.conversations = n;
+    }
+    if let Some(n) = args.warmup_batch_size {
+        warmup.batch_size = n;
+    }
+    if let Some(p) = args.warmup_family_prior {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&p),
+            "--warmup-family-prior {p} must be between 0 and 1"
+        );
+        warmup.family_prior = p;
+    }
+    if args.prepare_policy {
+        return prepare_policy(&args.overrides, args.seed, &warmup);
+    }
+    let options = Options {
+        overrides: args.overrides,
+        policy: PolicySpec {
+            seed: args.seed,
+            ..PolicySpec::default()
+        },
+        warmup,
+        fresh_trial: true,
+        step: Box::new(|config, _| {
+            let step = GrpoStep::from_run_config(config, &RunPaths::of(config).run_dir)?;
+            Ok(Box::new(step) as Box<dyn TrainStep>)
+        }),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let summary = runtime.block_on(quickstart::run(options, &Env::from_process()))?;
+    report(&summary)?;
     Ok(())
 }
 
-fn summary(streams: &[StreamConfig]) -> String {
+/// `--prepare-policy`: the warmed-up policy folder on stdout.
+fn prepare_policy(overrides: &[String], seed: u64, warmup: &WarmupSettings) -> Result<()> {
+    let config = quickstart::load_config(overrides, false, &Env::from_process())?;
+    let spec = PolicySpec {
+        seed,
+        ..PolicySpec::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let prepared = runtime.block_on(quickstart::prepare(
+        &spec,
+        warmup,
+        &quickstart::policy_cache(&config),
+        config.metrics.progress,
+    ))?;
+    writeln!(std::io::stdout().lock(), "{}", prepared.warm.display())?;
+    Ok(())
+}
+
+/// `--check`: the config as the run would load it, and its Streams.
+fn check(overrides: &[String]) -> Result<()> {
+    let env = Env::from_process();
+    let config = quickstart::load_config(overrides, false, &env)?;
+    let mut streams = load_stream_configs_with_env(&config.econfig, &env)
+        .with_context(|| format!("{}: the Streams do not load", quickstart::QUICKSTART_NAME))?;
+    for s in &mut streams {
+        s.llm_protocol = Some(s.resolved_protocol(None));
+    }
     let parts: Vec<String> = streams
         .iter()
         .map(|s| {
@@ -55,5 +139,69 @@ fn summary(streams: &[StreamConfig]) -> String {
             )
         })
         .collect();
-    format!("{} Streams: {}", streams.len(), parts.join(", "))
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "# {} is valid: experiment {:?}, trial {:?}, Arena at {}, route mode {}",
+        quickstart::QUICKSTART_NAME,
+        config.experiment_name,
+        config.trial_name,
+        config.econfig.arena_base_url,
+        config.econfig.arena_llm_route_mode
+    )?;
+    writeln!(out, "# {} Streams: {}", streams.len(), parts.join(", "))?;
+    writeln!(out, "{}", stream_config::render_streams_yaml(&streams)?)?;
+    Ok(())
+}
+
+fn report(s: &QuickstartSummary) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let run = &s.run;
+    writeln!(
+        out,
+        "quickstart: {} RL step(s) in {} ({} groups accepted, rejected: {:?})",
+        run.rewards.len(),
+        run.run_dir.display(),
+        run.accepted_groups,
+        run.rejected_groups
+    )?;
+    writeln!(
+        out,
+        "time: policy {:.1}s{}, warm-up {:.1}s, RL {:.1}s",
+        s.seconds.policy,
+        if s.policy_cached { " (cached)" } else { "" },
+        s.seconds.warmup,
+        s.seconds.rl
+    )?;
+    writeln!(
+        out,
+        "policy: {} (warmed up: {})",
+        s.initial_policy.display(),
+        s.warm_policy.display()
+    )?;
+    writeln!(
+        out,
+        "metrics: {}",
+        run.metrics_dir.join("metrics.jsonl").display()
+    )?;
+    writeln!(
+        out,
+        "tensorboard: {}",
+        run.metrics_dir.join("tensorboard").display()
+    )?;
+    if let Some(c) = &run.checkpoint {
+        writeln!(out, "checkpoint: {}", c.display())?;
+    }
+    if let Some(p) = &run.reward_curve {
+        writeln!(out, "reward curve: {}", p.display())?;
+    }
+    match (s.first, s.last) {
+        (Some((first, n)), Some((last, m))) => writeln!(
+            out,
+            "rollout/reward: first {n} RL step(s) {first:.3}, last {m} RL step(s) {last:.3}, rise {:+.3} (window {CURVE_WINDOW})",
+            last - first
+        )?,
+        _ => writeln!(out, "rollout/reward: no RL step reported a reward")?,
+    }
+    Ok(())
 }

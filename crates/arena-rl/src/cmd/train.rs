@@ -24,10 +24,16 @@ pub(crate) struct Args {
 
 /// Logs to stderr as text; `RUST_LOG` filters (default `info`).
 pub(crate) fn init_logging() {
+    init_logging_with("info");
+}
+
+/// Logs to stderr with `RUST_LOG`'s filter, or `default` when it is unset.
+pub(crate) fn init_logging_with(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -1,4 +1,4 @@
-//! `arena-rl quickstart`, `arena-rl streams project`, and the example configs.
+//! `arena-rl quickstart --check` and its config errors, `arena-rl streams project`, and the example configs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -32,8 +32,8 @@ fn stderr(o: &Output) -> String {
 }
 
 #[test]
-fn quickstart_prints_the_resolved_streams() {
-    let out = arena_rl(&["quickstart"]);
+fn quickstart_check_prints_the_resolved_streams() {
+    let out = arena_rl(&["quickstart", "--check"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
@@ -46,9 +46,15 @@ fn quickstart_prints_the_resolved_streams() {
 
 #[test]
 fn quickstart_takes_overrides_and_reports_every_problem_on_one_line() {
-    let out = arena_rl(&["quickstart", "gconfig.n_samples=3", "actor.reward_norm=null"]);
+    let out = arena_rl(&[
+        "quickstart",
+        "--check",
+        "gconfig.n_samples=3",
+        "actor.reward_norm=null",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
 
+    // The full command validates the config before building anything.
     let out = arena_rl(&[
         "quickstart",
         "gconfig.top_p=2",

@@ -8,4 +8,5 @@ mod loop_e2e;
 mod model;
 mod preflight;
 mod proxy;
+mod quickstart;
 mod support;

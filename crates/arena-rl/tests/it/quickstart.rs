@@ -1,0 +1,85 @@
+//! `arena-rl quickstart`, short: the tiny policy is built, warmed up through the real proxy, and trained by
+//! GRPO against an in-process arena-sim for a few steps; the command says where everything went.
+
+use std::process::Command;
+
+#[test]
+fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
+    let root = tempfile::tempdir().unwrap();
+    let fileroot = format!("cluster.fileroot={}", root.path().display());
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_arena-rl"))
+            .arg("quickstart")
+            .args(["--warmup-steps", "20", "--warmup-conversations", "64"])
+            .args([
+                fileroot.as_str(),
+                "trial_name=short",
+                "actor.total_train_steps=3",
+                "train_dataset.batch_size=2",
+                "gconfig.n_samples=4",
+                "checkpoint.save_every=3",
+                "metrics.progress=false",
+                // Port 0: the sim takes a free port, so parallel tests never collide.
+                "econfig.arena_base_url=http://127.0.0.1:0",
+            ])
+            .args(extra)
+            .env_remove("ARENA_OPENAPI_BASE")
+            .env_remove("ARENA_OPENAPI_TOKEN")
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("the arena-rl binary runs")
+    };
+    let out = run(&[]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{stdout}"))
+            .to_string()
+    };
+    assert!(line("quickstart: ").starts_with("3 RL step(s) in "), "{stdout}");
+    let run_dir = root.path().join("quickstart/short");
+    let metrics = line("metrics: ");
+    assert_eq!(
+        metrics,
+        run_dir.join("metrics/metrics.jsonl").display().to_string()
+    );
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let steps: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("rollout/reward").is_some())
+        .collect();
+    assert_eq!(steps.len(), 3, "{lines}");
+    for s in &steps {
+        let r = s["rollout/reward"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&r), "{s}");
+    }
+    assert!(std::path::Path::new(&line("reward curve: ")).is_file());
+    let checkpoint = line("checkpoint: ");
+    assert!(checkpoint.ends_with("checkpoints/step-3"), "{checkpoint}");
+    assert!(std::path::Path::new(&checkpoint).is_dir(), "{checkpoint}");
+    assert!(
+        line("rollout/reward: ").starts_with("first 3 RL step(s) "),
+        "{stdout}"
+    );
+    let policy = line("policy: ");
+    assert!(policy.contains("(warmed up: "), "{policy}");
+    // The saved config holds no credential: the quickstart makes fresh ones for its own Arena.
+    let saved = std::fs::read_to_string(run_dir.join("config.yaml")).unwrap();
+    assert!(!saved.contains("ARENA_OPENAPI_TOKEN="), "{saved}");
+
+    // The same command again finds the built and warmed-up policy in the cache, and resumes the finished
+    // trial instead of training it twice.
+    let again = run(&[]);
+    let stdout2 = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert!(
+        again.status.success(),
+        "{stdout2}\n{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(stdout2.contains("(cached)"), "{stdout2}");
+}
