@@ -34,7 +34,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the main job locally: the embedded examples/configs/quickstart.yaml against arena-sim.
+    /// Run the main job locally: build a tiny policy, warm it up, and train it by GRPO against an in-process
+    /// arena-sim with the embedded examples/configs/quickstart.yaml (docs/quickstart.md).
     Quickstart(cmd::quickstart::Args),
     /// Check Arena Streams against the live Arena before a run is submitted, and write preflight.json.
     Preflight(cmd::preflight::Args),

@@ -56,10 +56,10 @@ impl Default for WarmupSettings {
     fn default() -> Self {
         Self {
             conversations: 2048,
-            steps: 800,
+            steps: 1500,
             batch_size: 32,
             lr: 3e-3,
-            family_prior: 0.3,
+            family_prior: 0.1,
         }
     }
 }

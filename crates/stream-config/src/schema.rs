@@ -202,7 +202,7 @@ pub struct ActorConfig {
     pub reward_norm: Option<NormConfig>,
     /// Advantage normalisation over trained tokens, applied by the trainer; null disables it.
     pub adv_norm: Option<NormConfig>,
-    /// Learning rate.
+    /// Learning rate; 0 freezes the weights (a control run).
     pub lr: f64,
     /// PPO clip range of the policy ratio.
     pub eps_clip: f64,
@@ -440,7 +440,8 @@ impl RunConfig {
         }
 
         let a = root.key("actor");
-        positive(&mut c, a.key("lr"), self.actor.lr);
+        // 0 is allowed: `actor.lr=0` is the control run whose weights never change.
+        non_negative(&mut c, a.key("lr"), self.actor.lr);
         positive(&mut c, a.key("eps_clip"), self.actor.eps_clip);
         positive(&mut c, a.key("reward_clip"), self.actor.reward_clip);
         for (field, value) in [

@@ -107,8 +107,9 @@ impl LrSchedule {
     /// Every out-of-range field, named.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            out.push(format!("lr must be finite and positive, got {}", self.lr));
+        // 0 is allowed: a run with frozen weights is the control that shows what training changes.
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            out.push(format!("lr must be finite and >= 0, got {}", self.lr));
         }
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
             out.push(format!(

@@ -200,3 +200,23 @@ fn config_problems_name_every_field() {
     weight_decay must be finite and >= 0, got NaN
     ");
 }
+
+#[test]
+fn a_learning_rate_of_zero_leaves_the_weights_bit_for_bit() {
+    // `actor.lr=0` is the quickstart's control run: the moments advance, the weights must not.
+    let config = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut opt = AdamW::<Cpu>::new(config);
+    let start = vec![1.0f32, -2.0, 0.5, 3.25];
+    let mut param = t1(&start);
+    for g in [[0.5f32, 0.1, -0.3, 2.0], [-1.0, 0.3, 0.0, 0.5]] {
+        param = opt.update("w", param, t1(&g), 0.0);
+        opt.finish_step();
+    }
+    assert_eq!(opt.steps(), 2);
+    assert_eq!(host_vec(param), start);
+}

@@ -775,7 +775,7 @@ fn every_config_problem_is_reported_at_once() {
         ..AdvNorm::default()
     });
     insta::assert_snapshot!(c.validate().unwrap_err().to_string().replace("; ", "\n"), @r"
-    invalid training config: lr must be finite and positive, got -1
+    invalid training config: lr must be finite and >= 0, got -1
     min_lr_ratio must be in [0, 1], got 2
     beta2 must be in [0, 1), got 1.5
     gradient_clipping must be finite and >= 0, got inf
