@@ -35,7 +35,7 @@ pub use dataset::{Dataset, DatasetOptions, DatasetRow, UNKNOWN_TASK_TYPE, task_t
 pub use error::{Error, Party, Result, TransportKind};
 pub use lifecycle::{RolloutReport, RolloutSpec, RouteSetup, valid_session_id};
 pub use preflight::{PreflightOptions, StreamSummary, preflight, preflight_stream};
-pub use registry::{AcquireReport, CloseReport, RegistryOptions, RouteLease, RouteRegistry};
+pub use registry::{AcquireReport, BeforeRegister, CloseReport, RegistryOptions, RouteLease, RouteRegistry};
 pub use retry::{RetryPolicy, TRANSIENT_403_MARKER};
 pub use routes::{
     MODEL_NAME_PREFIX, ModelRegistration, direct_envs, random_uuid, rollout_model_name, session_gateway_envs,

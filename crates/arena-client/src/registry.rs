@@ -34,7 +34,14 @@ pub struct RegistryOptions {
     pub inbound_protos: Vec<String>,
     /// The clock behind probe timing.
     pub clock: Arc<dyn Clock>,
+    /// Called with a new route's name before the request that registers it is sent, so a caller can make
+    /// the name durable (a journal) and delete it after a crash even when the POST landed; an error aborts
+    /// the registration before anything reaches Arena.
+    pub before_register: Option<BeforeRegister>,
 }
+
+/// See [`RegistryOptions::before_register`].
+pub type BeforeRegister = Arc<dyn Fn(&str) -> std::result::Result<(), String> + Send + Sync>;
 
 impl fmt::Debug for RegistryOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -62,6 +69,7 @@ impl RegistryOptions {
             persistent: false,
             inbound_protos: vec!["chat".to_string()],
             clock: Arc::new(SystemClock::default()),
+            before_register: None,
         })
     }
 }
@@ -410,6 +418,13 @@ impl RouteRegistry {
             }
             None => {
                 let (model_name, deployment_id) = session_route_name();
+                if let Some(hook) = &inner.options.before_register {
+                    hook(&model_name).map_err(|e| {
+                        Error::Invalid(format!(
+                            "route {model_name} was not registered: the caller could not record its name: {e}"
+                        ))
+                    })?;
+                }
                 let id = state.next_id;
                 state.next_id += 1;
                 let entry = Entry {

@@ -380,6 +380,16 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
             options.registration_timeout = registration_timeout;
             options.persistent = true;
             options.inbound_protos = config.econfig.arena_inbound_protos.clone();
+            // The name is journaled before the POST that creates it, so a killed run's successor deletes it
+            // even when the registration landed and its answer was never read.
+            let route_journal = journal.clone();
+            options.before_register = Some(Arc::new(move |name: &str| {
+                route_journal
+                    .append(&Entry::Route {
+                        name: name.to_string(),
+                    })
+                    .map_err(|e| format!("{e:#}"))
+            }));
             Routing::SessionGateway {
                 registry: RouteRegistry::new(client.clone(), options),
                 llm_api_key: key,
@@ -423,7 +433,6 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         turn_discount: config.proxy.turn_discount,
         n_samples,
         policy_version: Arc::new(AtomicU64::new(0)),
-        journaled_routes: Default::default(),
         group_settings: GroupSettings {
             drop_incomplete_group: config.gconfig.drop_incomplete_group,
             reward_normalization: config.gconfig.reward_normalization,

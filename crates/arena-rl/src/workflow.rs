@@ -28,7 +28,7 @@ use reward_routing::{
 };
 use secrecy::SecretString;
 use stream_config::{RewardRef, RouteMode};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::journal::{Entry, Journal, RolloutRecord, SampleKey, Verdict};
 use crate::proxy_ctl::{EndReport, ProxyControl};
@@ -107,8 +107,6 @@ pub struct Workflow {
     pub n_samples: u32,
     /// The policy version sessions start under (for records).
     pub policy_version: Arc<AtomicU64>,
-    /// Session-gateway route names already journaled.
-    pub journaled_routes: Mutex<BTreeSet<String>>,
     /// Rollout-time group handling (`gconfig.drop_incomplete_group`, `gconfig.reward_normalization`).
     pub group_settings: reward_routing::GroupSettings,
 }
@@ -560,13 +558,6 @@ impl Workflow {
                 Ok(l) => {
                     side.registration = Some(true);
                     side.acquire = Some(l.report.clone());
-                    let mut known = self.journaled_routes.lock().await;
-                    if known.insert(l.model_name.clone()) {
-                        self.journal(&Entry::Route {
-                            name: l.model_name.clone(),
-                        });
-                    }
-                    drop(known);
                     let token = (self.session_token)(&session.id);
                     session_gateway_envs(&mut envs, &session.id, &token);
                     request.model_name = l.model_name.clone();

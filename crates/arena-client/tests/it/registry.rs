@@ -316,3 +316,45 @@ async fn a_failed_registration_is_deleted_and_a_dropped_registry_cleans_up() {
     drop(registry);
     sim.wait_until(|c| c.live_routes == 0).await;
 }
+
+#[tokio::test]
+async fn the_before_register_hook_sees_the_name_before_arena_does_and_can_stop_the_registration() {
+    let sim = Arc::new(start(world()).await);
+    let client = client(&sim);
+    let seen: Arc<std::sync::Mutex<Vec<(String, usize)>>> = Arc::default();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut options = RegistryOptions::new(INTERVAL.as_secs_f64()).unwrap();
+    options.persistent = true;
+    let (seen_hook, fail_hook, sim_hook) = (seen.clone(), fail.clone(), sim.clone());
+    options.before_register = Some(Arc::new(move |name: &str| {
+        // What Arena has received when the hook runs.
+        let registrations = sim_hook.requests_to(Endpoint::RegisterModel).len();
+        seen_hook.lock().unwrap().push((name.to_string(), registrations));
+        if fail_hook.load(std::sync::atomic::Ordering::SeqCst) {
+            Err("disk full".to_string())
+        } else {
+            Ok(())
+        }
+    }));
+    let registry = RouteRegistry::new(client.clone(), options);
+    let key = SecretString::from("gateway-key");
+
+    // The hook fails: nothing reaches Arena, and the error names the route and the cause.
+    let Err(err) = registry.acquire("http://127.0.0.1:9", &key).await else {
+        panic!("the registration is refused");
+    };
+    let text = err.to_string();
+    assert!(text.contains("could not record its name: disk full"), "{text}");
+    assert!(sim.requests_to(Endpoint::RegisterModel).is_empty());
+    assert!(sim.routes().is_empty());
+
+    // The hook succeeds: it ran before the POST, with the name the route then got.
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let lease = registry.acquire("http://127.0.0.1:9", &key).await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[1], (lease.model_name.clone(), 0));
+    assert_eq!(sim.routes()[0].model_name, lease.model_name);
+    lease.release().await.unwrap();
+    assert!(registry.close().await.failed.is_empty());
+}

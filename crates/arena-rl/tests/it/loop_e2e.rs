@@ -422,3 +422,55 @@ async fn live_reward_ref_drift_rejects_before_launch_8_2_23() {
     assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty());
     run.workflow.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_loaded_under_another_reward_ref_is_rejected_before_launch_8_2_22() {
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    let config = config(
+        &sim.base_url(),
+        root.path(),
+        &model,
+        &[
+            "actor.total_train_steps=1",
+            "train_dataset.batch_size=1",
+            "gconfig.n_samples=1",
+        ],
+    );
+    let run = arena_rl::run::setup(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
+        .await
+        .unwrap();
+    // A row that was loaded under another grader than the one its stream pins.
+    let mut row = run
+        .rows
+        .iter()
+        .find(|r| r.stream == "sim-chat")
+        .expect("a sim-chat row")
+        .clone();
+    row.reward_ref = stream_config::RewardRef {
+        key: "sim-grader".into(),
+        version: "0".into(),
+    };
+    let key = arena_rl::journal::SampleKey {
+        eval: false,
+        step: 0,
+        group: 0,
+        sample: 0,
+    };
+    let (record, _) = run
+        .workflow
+        .run_sample(key, &row, reward_routing::Scope::Rollout)
+        .await;
+    match &record.verdict {
+        arena_rl::journal::Verdict::Rejected { message, .. } => {
+            assert!(message.contains("reward_ref mismatch for row"), "{message}");
+            assert!(message.contains("sim-grader@0"), "{message}");
+            assert!(message.contains("expects sim-grader@1"), "{message}");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    // Nothing reached Arena for it: no route, no launch.
+    assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty());
+    assert!(run.workflow.close().await.is_empty());
+}
