@@ -7,6 +7,10 @@
 //! Here, for the inference backend only ([`crate::backend::Cpu`], never under autodiff), a projection of
 //! up to [`SMALL_ROWS`] rows reads each weight row once and takes its dot products with every input row;
 //! larger inputs (prefill, scoring) go to the `gemm` crate, reading both operands in place.
+//!
+//! The elementwise steps of the forward pass (RMSNorm, RoPE, SwiGLU) also have one-pass kernels here, the
+//! forward kernels of the training path (`train/cpu/math.rs`): burn-ndarray runs each of them as several
+//! allocating passes, which dominates small decode batches.
 
 use std::any::Any;
 
@@ -23,6 +27,9 @@ mod tests;
 
 /// Up to this many input rows, the dot-product kernel beats the packed matrix product.
 pub(crate) const SMALL_ROWS: usize = 4;
+
+/// Query rows per attention block; each block multiplies only by the keys its rows may see.
+const QUERY_BLOCK: usize = 64;
 
 /// Below this many multiply-adds a projection stays on one thread.
 const PARALLEL_WORK: usize = 1 << 16;
@@ -70,6 +77,90 @@ pub(crate) fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> 
         .convert::<f32>()
         .into_vec::<f32>()
         .expect("converted to f32 just above")
+}
+
+/// The tensor's elements as a contiguous `[rows, last]` view, when it is an f32 CPU tensor in standard layout.
+fn rows_view<'a>(p: &'a NdArrayTensor, dims: &[usize]) -> Option<ArrayView2<'a, f32>> {
+    let NdArrayTensor::F32(s) = p else {
+        return None;
+    };
+    let last = *dims.last()?;
+    let rows: usize = dims[..dims.len() - 1].iter().product();
+    let view = s.view();
+    view.as_slice()?;
+    view.into_shape_with_order((rows, last)).ok()
+}
+
+/// The primitive of a plain-CPU tensor; `None` for any other backend.
+fn cpu_primitive<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<NdArrayTensor> {
+    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
+        return None;
+    }
+    let prim = t.clone().into_primitive().tensor();
+    let boxed: Box<dyn Any> = Box::new(prim);
+    boxed.downcast::<NdArrayTensor>().ok().map(|b| *b)
+}
+
+/// RMSNorm over the last dimension in one pass, `x / sqrt(mean(x^2) + eps) * w`, on the plain CPU backend.
+pub(crate) fn rms_norm<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
+    w: &Tensor<B, 1>,
+    eps: f64,
+) -> Option<Tensor<B, D>> {
+    let dims = x.dims();
+    let (xp, wp) = (cpu_primitive(x)?, cpu_primitive(w)?);
+    let xv = rows_view(&xp, &dims)?;
+    let NdArrayTensor::F32(ws) = &wp else {
+        return None;
+    };
+    let wv = ws.view().into_dimensionality::<ndarray::Ix1>().ok()?;
+    if wv.len() != xv.ncols() {
+        return None;
+    }
+    let (y, _) = crate::train::cpu::math::rms_forward(xv, wv, eps as f32);
+    let y = y.into_shape_with_order(ndarray::IxDyn(&dims)).ok()?;
+    from_array(y)
+}
+
+/// Rotary embedding on `x` `[batch, len, heads, d]` (before the heads move forward) with `cos`/`sin`
+/// `[batch, 1, len, d]`, in one pass on the plain CPU backend.
+pub(crate) fn rope<B: Backend>(
+    x: &Tensor<B, 4>,
+    cos: &Tensor<B, 4>,
+    sin: &Tensor<B, 4>,
+) -> Option<Tensor<B, 4>> {
+    let [batch, len, heads, d] = x.dims();
+    if cos.dims() != [batch, 1, len, d] || sin.dims() != [batch, 1, len, d] || d % 2 != 0 {
+        return None;
+    }
+    let (xp, cp, sp) = (cpu_primitive(x)?, cpu_primitive(cos)?, cpu_primitive(sin)?);
+    let xv = rows_view(&xp, &[batch * len, heads * d])?
+        .into_shape_with_order((batch * len, heads, d))
+        .ok()?;
+    let (NdArrayTensor::F32(cs), NdArrayTensor::F32(ss)) = (&cp, &sp) else {
+        return None;
+    };
+    let (cv, sv) = (cs.view(), ss.view());
+    let y = crate::train::cpu::math::rope(xv, cv.as_slice()?, sv.as_slice()?, false);
+    let y = y
+        .into_shape_with_order(ndarray::IxDyn(&[batch, len, heads, d]))
+        .ok()?;
+    from_array(y)
+}
+
+/// `silu(gate) * up` in one pass on the plain CPU backend.
+pub(crate) fn swiglu<B: Backend, const D: usize>(
+    gate: &Tensor<B, D>,
+    up: &Tensor<B, D>,
+) -> Option<Tensor<B, D>> {
+    let dims = gate.dims();
+    if up.dims() != dims {
+        return None;
+    }
+    let (gp, up) = (cpu_primitive(gate)?, cpu_primitive(up)?);
+    let y = crate::train::cpu::math::swiglu_forward(rows_view(&gp, &dims)?, rows_view(&up, &dims)?);
+    let y = y.into_shape_with_order(ndarray::IxDyn(&dims)).ok()?;
+    from_array(y)
 }
 
 /// `x W^T` with the `gemm` crate (runtime-selected SIMD kernels), reading both operands in place.
@@ -164,22 +255,58 @@ pub(crate) fn attention<B: Backend>(
     let bv = f32_view::<B>(&b_prim)?;
     let bias = bv.as_slice()?;
     let threshold = crate::model::MASKED / 2.0;
+    // Each block of query rows only needs the keys between its first and last allowed one (a causal
+    // prefill skips the masked upper triangle); a row with no allowed key keeps every key.
+    let blocks = len.div_ceil(QUERY_BLOCK);
+    let key_ranges: Vec<(usize, usize)> = (0..batch * blocks)
+        .map(|i| {
+            let (b, block) = (i / blocks, i % blocks);
+            let (mut lo, mut hi) = (keys, 0);
+            for t in block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(len) {
+                let mask = &bias[(b * len + t) * keys..(b * len + t + 1) * keys];
+                let allowed = |m: &f32| *m > threshold;
+                match (mask.iter().position(allowed), mask.iter().rposition(allowed)) {
+                    (Some(first), Some(last)) => {
+                        lo = lo.min(first);
+                        hi = hi.max(last + 1);
+                    }
+                    _ => return (0, keys),
+                }
+            }
+            (lo, hi)
+        })
+        .collect();
     let mut out = vec![0.0f32; batch * heads * len * d];
-    let head = |(i, block): (usize, &mut [f32])| {
+    let head = |(i, out_h): (usize, &mut [f32])| {
         let (b, h) = (i / heads, i % heads);
         let g = h / groups;
         let qh = qv.slice(ndarray::s![b, h, .., ..]);
         let kh = kv.slice(ndarray::s![b, g, .., ..]);
         let vh = vv.slice(ndarray::s![b, g, .., ..]);
-        let mut scores = Array2::<f32>::zeros((len, keys));
-        gemm_into(scores.view_mut(), qh, kh.t(), scale, false);
-        for (t, mut row) in scores.axis_iter_mut(Axis(0)).enumerate() {
-            let row = row.as_slice_mut().expect("rows of a fresh array are contiguous");
-            let mask = &bias[(b * len + t) * keys..(b * len + t + 1) * keys];
-            softmax_row(row, mask, threshold);
+        let mut scores = vec![0.0f32; QUERY_BLOCK.min(len) * keys];
+        for block in 0..blocks {
+            let (t0, t1) = (block * QUERY_BLOCK, ((block + 1) * QUERY_BLOCK).min(len));
+            let (lo, hi) = key_ranges[b * blocks + block];
+            let (rows, width) = (t1 - t0, hi - lo);
+            let scores = &mut scores[..rows * width];
+            let mut sc =
+                ArrayViewMut2::from_shape((rows, width), &mut *scores).expect("sized as rows x width");
+            gemm_into(
+                sc.view_mut(),
+                qh.slice(ndarray::s![t0..t1, ..]),
+                kh.slice(ndarray::s![lo..hi, ..]).t(),
+                scale,
+                false,
+            );
+            for (r, row) in scores.chunks_mut(width).enumerate() {
+                let start = (b * len + t0 + r) * keys;
+                softmax_row(row, &bias[start + lo..start + hi], threshold);
+            }
+            let probs = ArrayView2::from_shape((rows, width), &*scores).expect("sized as rows x width");
+            let dst =
+                ArrayViewMut2::from_shape((rows, d), &mut out_h[t0 * d..t1 * d]).expect("sized as rows x d");
+            gemm_into(dst, probs, vh.slice(ndarray::s![lo..hi, ..]), 1.0, false);
         }
-        let out_h = ndarray::ArrayViewMut2::from_shape((len, d), block).expect("sized as len x d");
-        gemm_into(out_h, scores.view(), vh, 1.0, false);
     };
     if batch * heads * len * keys * d >= PARALLEL_WORK {
         out.par_chunks_mut(len * d).enumerate().for_each(head);
@@ -212,15 +339,29 @@ fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
         row.fill(uniform);
         return;
     }
-    let mut sum = 0.0f32;
+    // Branch-free, so the loop vectorises; `fast_exp` is within about 1 ulp of `exp`.
     for (x, m) in row.iter_mut().zip(mask) {
-        *x = if *m > threshold { (*x - max).exp() } else { 0.0 };
-        sum += *x;
+        let e = crate::train::cpu::math::fast_exp(*x - max);
+        *x = if *m > threshold { e } else { 0.0 };
     }
+    let sum = sum8(row);
     let inv = 1.0 / sum;
     for x in row.iter_mut() {
         *x *= inv;
     }
+}
+
+/// Sum with eight independent accumulators (so the loop vectorises).
+fn sum8(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + rest
 }
 
 fn from_array<B: Backend, const D: usize>(array: ndarray::ArrayD<f32>) -> Option<Tensor<B, D>> {

@@ -66,6 +66,9 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        if let Some(y) = crate::cpu::rms_norm(&x, &self.weight.val(), self.eps) {
+            return y;
+        }
         let ms = (x.clone() * x.clone()).mean_dim(D - 1);
         // A division, not `recip()`: burn-ndarray's SIMD reciprocal is an approximation (~1e-4 relative).
         x / (ms + self.eps).sqrt() * self.weight.val().unsqueeze::<D>()
@@ -244,8 +247,18 @@ impl<B: Backend> Attention<B> {
             (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
             _ => (q, k),
         };
-        let q = rope(q.swap_dims(1, 2), &input.cos, &input.sin);
-        let k = rope(k.swap_dims(1, 2), &input.cos, &input.sin);
+        let (q, k) = match (
+            crate::cpu::rope(&q, &input.cos, &input.sin),
+            crate::cpu::rope(&k, &input.cos, &input.sin),
+        ) {
+            // The CPU kernels rotate `[batch, len, heads, d]` in place of layout; moving the heads forward
+            // is then a stride change that the attention kernel reads as is.
+            (Some(q), Some(k)) => (q.swap_dims(1, 2), k.swap_dims(1, 2)),
+            _ => (
+                rope(q.swap_dims(1, 2), &input.cos, &input.sin),
+                rope(k.swap_dims(1, 2), &input.cos, &input.sin),
+            ),
+        };
         let v = v.swap_dims(1, 2);
         let (k, v) = match cache {
             Some((kv, col)) => {
@@ -297,9 +310,13 @@ fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> 
 impl<B: Backend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let gate = self.gate_proj.forward(x.clone());
+        let up = self.up_proj.forward(x);
+        if let Some(h) = crate::cpu::swiglu(&gate, &up) {
+            return self.down_proj.forward(h);
+        }
         // x * sigmoid(x) as one division; burn's generic sigmoid takes four transcendental passes.
         let gate = gate.clone() / (gate.neg().exp() + 1.0);
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        self.down_proj.forward(gate * up)
     }
 }
 

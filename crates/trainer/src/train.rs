@@ -12,7 +12,7 @@
 
 pub mod batch;
 pub mod config;
-mod cpu;
+pub(crate) mod cpu;
 pub(crate) mod forward;
 pub(crate) mod kernels;
 pub(crate) mod learner;

@@ -59,8 +59,15 @@ fn dot_handles_every_length() {
 
 #[test]
 fn fast_attention_matches_burns_ops() {
+    // A decode-like shape, and a prefill-like one spanning several query blocks under a causal mask.
+    for (len, keys) in [(3, 7), (2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 30)] {
+        attention_case(len, keys);
+    }
+}
+
+fn attention_case(len: usize, keys: usize) {
     let mut rng = SplitMix64::new(5);
-    let (batch, heads, kv_heads, len, keys, d) = (2, 4, 2, 3, 7, 8);
+    let (batch, heads, kv_heads, d) = (2, 4, 2, 8);
     let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
         let data: Vec<f32> = (0..shape.iter().product::<usize>())
             .map(|_| rng.next_normal() as f32)
@@ -75,7 +82,9 @@ fn fast_attention_matches_burns_ops() {
     let bias: Vec<f32> = (0..batch * len * keys)
         .map(|i| {
             let (row, key) = (i / keys, i % keys);
-            if row == 1 || (row + key) % 3 == 0 {
+            // Row 1 is fully masked; the others see the keys up to their own (causal) but every third.
+            let causal_limit = row % len + keys - len;
+            if row == 1 || key > causal_limit || (row + key) % 3 == 0 {
                 masked
             } else {
                 0.0
@@ -102,5 +111,8 @@ fn fast_attention_matches_burns_ops() {
         slow.into_data().to_vec::<f32>().expect("f32"),
     );
     let worst = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
-    assert!(worst < 1e-5, "attention differs by {worst}");
+    assert!(
+        worst < 1e-5,
+        "len {len}, keys {keys}: attention differs by {worst}"
+    );
 }

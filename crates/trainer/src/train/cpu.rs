@@ -6,7 +6,7 @@
 //! parents that require them. Tests compare every kernel with burn's own differentiation of the provided
 //! methods.
 
-mod math;
+pub(crate) mod math;
 
 use std::sync::Arc;
 
