@@ -31,6 +31,10 @@ pub(crate) const SMALL_ROWS: usize = 4;
 /// Query rows per attention block; each block multiplies only by the keys its rows may see.
 const QUERY_BLOCK: usize = 64;
 
+/// Below this many input rows a projection stays on one thread: for a decode batch, waking the pool costs
+/// more than the second core saves.
+const PARALLEL_ROWS: usize = 32;
+
 /// Below this many multiply-adds a projection stays on one thread.
 const PARALLEL_WORK: usize = 1 << 16;
 
@@ -167,7 +171,7 @@ pub(crate) fn swiglu<B: Backend, const D: usize>(
 fn matmul_transposed(x: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>) -> Array2<f32> {
     let (m, k, n) = (x.nrows(), x.ncols(), w.nrows());
     let mut out = Array2::<f32>::zeros((m, n));
-    let parallel = m * n * k >= 4 * PARALLEL_WORK;
+    let parallel = m * n * k >= 4 * PARALLEL_WORK && m >= PARALLEL_ROWS;
     gemm_into(out.view_mut(), x, w.t(), 1.0, parallel);
     out
 }
@@ -308,7 +312,8 @@ pub(crate) fn attention<B: Backend>(
             gemm_into(dst, probs, vh.slice(ndarray::s![lo..hi, ..]), 1.0, false);
         }
     };
-    if batch * heads * len * keys * d >= PARALLEL_WORK {
+    // A decode step's heads are too small to be worth waking the pool for.
+    if batch * heads * len * keys * d >= 16 * PARALLEL_WORK {
         out.par_chunks_mut(len * d).enumerate().for_each(head);
     } else {
         out.chunks_mut(len * d).enumerate().for_each(head);
