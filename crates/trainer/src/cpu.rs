@@ -35,6 +35,10 @@ const QUERY_BLOCK: usize = 64;
 /// more than the second core saves.
 const PARALLEL_ROWS: usize = 32;
 
+/// A weight of at least this many elements (an output projection over the vocabulary) is split over
+/// threads even for few rows.
+const PARALLEL_WEIGHT: usize = 1 << 20;
+
 /// Below this many multiply-adds a projection stays on one thread.
 const PARALLEL_WORK: usize = 1 << 16;
 
@@ -171,7 +175,7 @@ pub(crate) fn swiglu<B: Backend, const D: usize>(
 fn matmul_transposed(x: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>) -> Array2<f32> {
     let (m, k, n) = (x.nrows(), x.ncols(), w.nrows());
     let mut out = Array2::<f32>::zeros((m, n));
-    let parallel = m * n * k >= 4 * PARALLEL_WORK && m >= PARALLEL_ROWS;
+    let parallel = m * n * k >= 4 * PARALLEL_WORK && (m >= PARALLEL_ROWS || n * k >= PARALLEL_WEIGHT);
     gemm_into(out.view_mut(), x, w.t(), 1.0, parallel);
     out
 }
