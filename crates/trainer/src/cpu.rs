@@ -180,52 +180,16 @@ fn matmul_transposed(x: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>) -> Array2<f
     out
 }
 
-/// `dst = scale * a b` for any strides; `dst` must not overlap `a` or `b`.
-#[expect(unsafe_code, reason = "gemm's entry point takes raw pointers and strides")]
+/// `dst = scale * a b` for any strides, on rayon's threads when `parallel`; `dst` must not overlap `a` or
+/// `b`.
 fn gemm_into(
-    mut dst: ArrayViewMut2<'_, f32>,
+    dst: ArrayViewMut2<'_, f32>,
     a: ArrayView2<'_, f32>,
     b: ArrayView2<'_, f32>,
     scale: f32,
     parallel: bool,
 ) {
-    let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
-    assert!(
-        b.nrows() == k && dst.nrows() == m && dst.ncols() == n,
-        "gemm operand shapes disagree"
-    );
-    let parallelism = if parallel {
-        gemm::Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        gemm::Parallelism::None
-    };
-    let (d_rs, d_cs) = (dst.strides()[0], dst.strides()[1]);
-    // SAFETY: the shapes were checked above; every pointer comes from a live ndarray view with its own
-    // strides, so gemm reads `m x k` and `k x n` elements and writes `m x n` elements inside those views;
-    // `dst` is a mutable view, so it aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            d_cs,
-            d_rs,
-            false,
-            a.as_ptr(),
-            a.strides()[1],
-            a.strides()[0],
-            b.as_ptr(),
-            b.strides()[1],
-            b.strides()[0],
-            0.0,
-            scale,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    crate::train::cpu::math::gemm_with(dst, a, b, scale, false, parallel);
 }
 
 /// Grouped-query attention `softmax(scale * q k^T + bias) v` on the plain CPU backend: per head, two gemm

@@ -82,21 +82,35 @@ fn rows_mut(out: &mut Array2<f32>, f: impl Fn(usize, &mut [f32]) + Sync + Send) 
 }
 
 /// `dst = scale * a b (+ dst when accumulating)` for any strides; `dst` must not overlap `a` or `b`.
-#[expect(unsafe_code, reason = "gemm's entry point takes raw pointers and strides")]
+/// Large products run on rayon's threads unless the caller already runs inside a rayon task.
 pub(crate) fn gemm_into(
+    dst: ArrayViewMut2<'_, f32>,
+    a: ArrayView2<'_, f32>,
+    b: ArrayView2<'_, f32>,
+    scale: f32,
+    accumulate: bool,
+) {
+    let work = a.nrows() * a.ncols() * b.ncols();
+    let parallel = work >= PARALLEL_WORK && rayon::current_thread_index().is_none();
+    gemm_with(dst, a, b, scale, accumulate, parallel);
+}
+
+/// [`gemm_into`] with the caller's choice of threading.
+#[expect(unsafe_code, reason = "gemm's entry point takes raw pointers and strides")]
+pub(crate) fn gemm_with(
     mut dst: ArrayViewMut2<'_, f32>,
     a: ArrayView2<'_, f32>,
     b: ArrayView2<'_, f32>,
     scale: f32,
     accumulate: bool,
+    parallel: bool,
 ) {
     let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
     assert!(
         b.nrows() == k && dst.nrows() == m && dst.ncols() == n,
         "gemm operand shapes disagree"
     );
-    // Inside a rayon task the caller already runs in parallel.
-    let parallelism = if m * n * k >= PARALLEL_WORK && rayon::current_thread_index().is_none() {
+    let parallelism = if parallel {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {
         gemm::Parallelism::None
