@@ -39,6 +39,24 @@ async fn rollout(sim: &ArenaSim, root: &Path, extra: &[&str]) -> RunSummary {
         .unwrap()
 }
 
+/// A run of one step of one one-sample group, set up but not started.
+async fn one_sample_run(sim: &ArenaSim, root: &Path) -> arena_rl::run::Run {
+    let model = model_folder(root);
+    let config = config(
+        &sim.base_url(),
+        root,
+        &model,
+        &[
+            "actor.total_train_steps=1",
+            "train_dataset.batch_size=1",
+            "gconfig.n_samples=1",
+        ],
+    );
+    arena_rl::run::setup(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_loop_trains_on_the_sim_and_leaves_nothing_behind() {
     let sim = ArenaSim::start(world()).await.unwrap();
@@ -393,20 +411,7 @@ async fn rows_route_through_their_stream_and_audit_0600_8_2_21() {
 async fn live_reward_ref_drift_rejects_before_launch_8_2_23() {
     let sim = ArenaSim::start(world()).await.unwrap();
     let root = tempfile::tempdir().unwrap();
-    let model = model_folder(root.path());
-    let config = config(
-        &sim.base_url(),
-        root.path(),
-        &model,
-        &[
-            "actor.total_train_steps=1",
-            "train_dataset.batch_size=1",
-            "gconfig.n_samples=1",
-        ],
-    );
-    let run = arena_rl::run::setup(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
-        .await
-        .unwrap();
+    let run = one_sample_run(&sim, root.path()).await;
     // The grader rolls out after the rows were loaded.
     sim.set_reward_ref("sim-chat", Some(arena_sim::RefDef::new("sim-grader", "2")));
     let collected = run
@@ -427,20 +432,7 @@ async fn live_reward_ref_drift_rejects_before_launch_8_2_23() {
 async fn a_row_loaded_under_another_reward_ref_is_rejected_before_launch_8_2_22() {
     let sim = ArenaSim::start(world()).await.unwrap();
     let root = tempfile::tempdir().unwrap();
-    let model = model_folder(root.path());
-    let config = config(
-        &sim.base_url(),
-        root.path(),
-        &model,
-        &[
-            "actor.total_train_steps=1",
-            "train_dataset.batch_size=1",
-            "gconfig.n_samples=1",
-        ],
-    );
-    let run = arena_rl::run::setup(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
-        .await
-        .unwrap();
+    let run = one_sample_run(&sim, root.path()).await;
     // A row that was loaded under another grader than the one its stream pins.
     let mut row = run
         .rows
