@@ -7,14 +7,16 @@
 //! (`cargo xtask fixtures` prepares it), workload by workload between burn's measurements; the bench ends
 //! with a table of both rates and their ratio (burn over transformers; above 1 means burn is faster).
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
+
+#[path = "common/torch_peer.rs"]
+mod torch_peer;
 use criterion::{Criterion, Throughput};
+use torch_peer::{TorchPeer, median};
 use trainer::backend::Cpu;
 use trainer::model::CausalLm;
 use trainer::{
@@ -100,57 +102,12 @@ fn generate(policy: &Policy, prompts: &[Vec<u32>], new_tokens: usize) {
     }
 }
 
-/// transformers, running in a Python process that measures one workload per request.
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Peer {
-    fn start(dir: &Path) -> Result<Self> {
-        let python = std::env::var_os("ARENA_RL_PY_TORCH").context(
-            "ARENA_RL_PY_TORCH is not set: run `eval \"$(cargo xtask fixtures)\"` before this bench",
-        )?;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/trainer/python/bench_generate.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .arg(dir)
-            .env("TRANSFORMERS_VERBOSITY", "error")
-            // Idle OpenMP workers must sleep, not spin, while burn is being measured.
-            .env("OMP_WAIT_POLICY", "PASSIVE")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the transformers bench")?;
-        let stdin = child.stdin.take().context("piped stdin")?;
-        let stdout = BufReader::new(child.stdout.take().context("piped stdout")?);
-        Ok(Self { child, stdin, stdout })
+impl Workload {
+    /// The peer's request for this workload.
+    fn request(&self, repeats: usize) -> serde_json::Value {
+        serde_json::json!({"name": self.name, "batch": self.batch, "prompt_len": self.prompt_len,
+            "new_tokens": self.new_tokens, "repeats": repeats})
     }
-
-    /// Tokens per second and torch's thread count for one workload.
-    fn measure(&mut self, w: &Workload, repeats: usize) -> Result<(f64, u64)> {
-        let request = serde_json::json!({"name": w.name, "batch": w.batch, "prompt_len": w.prompt_len,
-            "new_tokens": w.new_tokens, "repeats": repeats});
-        writeln!(self.stdin, "{request}")?;
-        self.stdin.flush()?;
-        let mut line = String::new();
-        if self.stdout.read_line(&mut line)? == 0 {
-            bail!("the transformers bench exited early ({:?})", self.child.wait()?);
-        }
-        let answer: serde_json::Value = serde_json::from_str(&line)?;
-        Ok((
-            answer["tokens_per_second"]
-                .as_f64()
-                .context("tokens_per_second")?,
-            answer["torch_threads"].as_u64().unwrap_or(0),
-        ))
-    }
-}
-
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs[xs.len() / 2]
 }
 
 fn main() -> Result<()> {
@@ -161,7 +118,12 @@ fn main() -> Result<()> {
     save_pretrained(tmp.path(), &config, &weights, SaveDtype::F32, None)?;
     let policy = Policy::from_weights(config.clone(), &weights, PolicyOptions::default())?;
 
-    let mut peer = Peer::start(tmp.path())?;
+    let mut peer = TorchPeer::start(
+        "the transformers bench",
+        "bench_generate.py",
+        tmp.path(),
+        Stdio::inherit(),
+    )?;
     let mut criterion = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))
@@ -171,7 +133,7 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     for w in &WORKLOADS {
         // transformers first, then burn, workload by workload, so both see the same machine load.
-        let (theirs, threads) = peer.measure(w, 5)?;
+        let (theirs, threads) = peer.measure(&w.request(5))?;
         let prompts = w.prompts(config.vocab_size);
         let samples = Arc::new(Mutex::new(Vec::new()));
         group.throughput(Throughput::Elements(w.tokens() as u64));
