@@ -14,6 +14,7 @@
 
 use std::any::Any;
 
+use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_ndarray::NdArrayTensor;
@@ -21,6 +22,7 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, Ix2};
 use rayon::prelude::*;
 
 use crate::backend::Cpu;
+use crate::model::CausalLm;
 
 #[cfg(test)]
 mod tests;
@@ -59,12 +61,50 @@ pub(crate) fn project<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<
     if x_view.ncols() != w_view.ncols() {
         return None;
     }
-    let out = if x_view.nrows() <= SMALL_ROWS {
+    // A column-major weight (see [`for_inference`]) is read in place by gemm at any row count; a row-major
+    // one would be repacked by gemm on every call, so few rows take the dot-product kernel instead.
+    let column_major = w_view.strides()[0] == 1 && w_view.nrows() > 1;
+    let out = if !column_major && x_view.nrows() <= SMALL_ROWS {
         rows_times_weight(x_view, w_view)
     } else {
         matmul_transposed(x_view, w_view)
     };
     from_array(out.into_dyn())
+}
+
+/// Stores every matrix of `model` column-major (`W^T` contiguous, the logical `[out, in]` shape unchanged)
+/// when `B` is the plain CPU backend; other backends get the model back as it is.
+///
+/// gemm multiplies a row-major `[out, in]` weight by first repacking it, a full pass over the matrix on
+/// every call: for a decode batch, where each weight meets a handful of rows, that repacking cost three
+/// times the multiplication itself. A column-major weight is a layout gemm's kernels read directly.
+/// Only the inference engine uses this; the training path keeps Hugging Face's row-major layout.
+pub(crate) fn for_inference<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
+    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
+        return model;
+    }
+    model.map(&mut ColumnMajor)
+}
+
+struct ColumnMajor;
+
+impl<B: Backend> ModuleMapper<B> for ColumnMajor {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if D != 2 {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let tensor = match cpu_primitive(&tensor) {
+            Some(NdArrayTensor::F32(s)) => {
+                // Reverse the axes, copy into standard layout, reverse back: the same matrix, transposed in
+                // memory.
+                let transposed = s.view().reversed_axes().as_standard_layout().into_owned();
+                from_array(transposed.reversed_axes()).unwrap_or(tensor)
+            }
+            _ => tensor,
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
 }
 
 /// The elements of `t` in row-major order, copied straight from memory on the plain CPU backend: burn's
@@ -195,8 +235,9 @@ fn gemm_into(
 /// Grouped-query attention `softmax(scale * q k^T + bias) v` on the plain CPU backend: per head, two gemm
 /// calls on views of `q`, `k` and `v` (no copies) around a fused masked softmax, heads in parallel.
 ///
-/// `q` is `[batch, heads, len, d]`, `k` and `v` `[batch, kv_heads, keys, d]` (views of the cache are
-/// fine), `bias` `[batch, 1, 1, len, keys]`; returns `[batch, heads, len, d]`.
+/// `q` is `[batch, heads, len, d]`, `k` and `v` `[batch, kv_heads, columns, d]` of which the first `keys`
+/// columns are used (the whole key/value cache can be passed as is), `bias` `[batch, 1, 1, len, keys]`;
+/// returns `[batch, heads, len, d]`.
 pub(crate) fn attention<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
@@ -208,8 +249,9 @@ pub(crate) fn attention<B: Backend>(
         return None;
     }
     let [batch, heads, len, d] = q.dims();
-    let [_, kv_heads, keys, _] = k.dims();
-    if bias.dims() != [batch, 1, 1, len, keys] || heads % kv_heads != 0 {
+    let [_, kv_heads, columns, _] = k.dims();
+    let [_, _, _, _, keys] = bias.dims();
+    if bias.dims() != [batch, 1, 1, len, keys] || keys > columns || heads % kv_heads != 0 {
         return None;
     }
     let groups = heads / kv_heads;

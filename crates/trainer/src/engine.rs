@@ -76,7 +76,7 @@ impl<B: Backend> Engine<B> {
     ) -> Self {
         Self {
             rope: RopeTable::new(&config),
-            model,
+            model: crate::cpu::for_inference(model),
             config,
             device,
             shared,
@@ -128,9 +128,11 @@ impl<B: Backend> Engine<B> {
                 );
                 let result = match weights.check_against(&self.config) {
                     Ok(()) => {
-                        self.model = model
-                            .load_weights(&self.config, &weights)
-                            .expect("weights were checked against the config just above");
+                        self.model = crate::cpu::for_inference(
+                            model
+                                .load_weights(&self.config, &weights)
+                                .expect("weights were checked against the config just above"),
+                        );
                         self.shared.version.store(version, Ordering::SeqCst);
                         Ok(version)
                     }

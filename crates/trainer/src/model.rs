@@ -260,7 +260,7 @@ impl<B: Backend> Attention<B> {
             ),
         };
         let v = v.swap_dims(1, 2);
-        let (k, v) = match cache {
+        let (k, v, keys) = match cache {
             Some((kv, col)) => {
                 let cap = kv.k.dims()[2];
                 debug_assert!(col + len <= cap, "cache too small");
@@ -271,18 +271,23 @@ impl<B: Backend> Attention<B> {
                 let old_v = std::mem::replace(&mut kv.v, placeholder());
                 kv.k = old_k.slice_assign(ranges.clone(), k);
                 kv.v = old_v.slice_assign(ranges, v);
-                let keep = [0..batch, 0..nkv, 0..col + len, 0..d];
-                (kv.k.clone().slice(keep.clone()), kv.v.clone().slice(keep))
+                (kv.k.clone(), kv.v.clone(), col + len)
             }
-            None => (k, v),
+            None => (k, v, len),
         };
-        let keys = k.dims()[2];
         let scale = 1.0 / (d as f64).sqrt();
+        // The CPU kernel reads the cache's first `keys` columns in place; burn's `slice` would copy them.
         if let Some(out) = crate::cpu::attention(&q, &k, &v, &input.bias, scale as f32) {
             return self
                 .o_proj
                 .forward(out.swap_dims(1, 2).reshape([batch, len, nh * d]));
         }
+        let (k, v) = if k.dims()[2] == keys {
+            (k, v)
+        } else {
+            let keep = [0..batch, 0..nkv, 0..keys, 0..d];
+            (k.slice(keep.clone()), v.slice(keep))
+        };
         // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
         let q = q.reshape([batch, nkv, groups * len, d]);
         let scores = q.matmul(k.swap_dims(2, 3)) * scale;

@@ -37,6 +37,42 @@ fn fast_projection_matches_burns_matmul() {
 }
 
 #[test]
+fn column_major_weights_project_like_row_major_ones() {
+    let mut rng = SplitMix64::new(4);
+    let config = {
+        let mut c = crate::ModelConfig::new(crate::Architecture::Llama, 50, 16, 24, 1, 4, 2);
+        c.tie_word_embeddings = false;
+        c
+    };
+    let model = crate::model::CausalLm::<Cpu>::init(&config, 0.5, 9, &Default::default());
+    let w = model.model.layers[0].mlp.gate_proj.weight.val();
+    let inference = for_inference(model);
+    let wc = inference.model.layers[0].mlp.gate_proj.weight.val();
+    assert_eq!(wc.dims(), w.dims());
+    // The same matrix, stored transposed.
+    assert_eq!(
+        wc.clone().into_data().to_vec::<f32>().expect("f32"),
+        w.clone().into_data().to_vec::<f32>().expect("f32")
+    );
+    let prim = cpu_primitive(&wc).expect("a CPU tensor");
+    let NdArrayTensor::F32(s) = prim else {
+        panic!("f32 weights")
+    };
+    assert_eq!(s.view().strides()[0], 1, "column-major");
+    for rows in [1, SMALL_ROWS, 16, 40] {
+        let x = random([rows, 16], &mut rng);
+        let a = project(&x, &w).expect("fast path");
+        let b = project(&x, &wc).expect("fast path");
+        let (a, b) = (
+            a.into_data().to_vec::<f32>().expect("f32"),
+            b.into_data().to_vec::<f32>().expect("f32"),
+        );
+        let worst = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-5, "rows {rows}: {worst}");
+    }
+}
+
+#[test]
 fn other_backends_take_the_generic_path() {
     type Ad = burn_autodiff::Autodiff<Cpu>;
     let x = Tensor::<Ad, 2>::ones([2, 3], &Default::default());
@@ -75,9 +111,11 @@ fn attention_case(len: usize, keys: usize) {
         Tensor::from_data(TensorData::new(data, shape), &Default::default())
     };
     let q = rand4([batch, heads, len, d], &mut rng);
-    // Keys and values as a view into a larger cache, the way the engine passes them.
-    let k = rand4([batch, kv_heads, keys + 5, d], &mut rng).slice([0..batch, 0..kv_heads, 0..keys, 0..d]);
-    let v = rand4([batch, kv_heads, keys + 5, d], &mut rng).slice([0..batch, 0..kv_heads, 0..keys, 0..d]);
+    // The whole cache, with free columns after the `keys` in use, the way the engine passes it.
+    let k_cache = rand4([batch, kv_heads, keys + 5, d], &mut rng);
+    let v_cache = rand4([batch, kv_heads, keys + 5, d], &mut rng);
+    let used = [0..batch, 0..kv_heads, 0..keys, 0..d];
+    let (k, v) = (k_cache.clone().slice(used.clone()), v_cache.clone().slice(used));
     let masked = crate::model::MASKED;
     let bias: Vec<f32> = (0..batch * len * keys)
         .map(|i| {
@@ -96,7 +134,7 @@ fn attention_case(len: usize, keys: usize) {
         &Default::default(),
     );
     let scale = 0.35f32;
-    let fast = attention(&q, &k, &v, &bias, scale).expect("the CPU backend takes the fast path");
+    let fast = attention(&q, &k_cache, &v_cache, &bias, scale).expect("the CPU backend takes the fast path");
     // Reference: repeat the key/value heads and use burn's softmax.
     let groups = heads / kv_heads;
     let expand = |t: Tensor<Cpu, 4>| {
