@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use crate::backend::Cpu;
 use crate::model::CausalLm;
+use crate::train::cpu::math::simd_fn;
 
 #[cfg(test)]
 mod tests;
@@ -312,10 +313,8 @@ pub(crate) fn attention<B: Backend>(
                 scale,
                 false,
             );
-            for (r, row) in scores.chunks_mut(width).enumerate() {
-                let start = (b * len + t0 + r) * keys;
-                softmax_row(row, &bias[start + lo..start + hi], threshold);
-            }
+            let first = (b * len + t0) * keys + lo;
+            softmax_rows(scores, width, &bias[first..], keys, threshold);
             let probs = ArrayView2::from_shape((rows, width), &*scores).expect("sized as rows x width");
             let dst =
                 ArrayViewMut2::from_shape((rows, d), &mut out_h[t0 * d..t1 * d]).expect("sized as rows x d");
@@ -340,12 +339,36 @@ fn f32_view<B: Backend>(p: &B::FloatTensorPrimitive) -> Option<ndarray::ArrayVie
     }
 }
 
+simd_fn! {
+    /// [`softmax_row`] on each `width`-long row of `scores`; row `r`'s mask starts at `mask[r * stride]`.
+    fn softmax_rows(scores: &mut [f32], width: usize, mask: &[f32], stride: usize, threshold: f32) {
+        for (r, row) in scores.chunks_mut(width).enumerate() {
+            softmax_row(row, &mask[r * stride..r * stride + width], threshold);
+        }
+    }
+}
+
 /// In place: `row = softmax(row)` over the keys `mask` allows (above `threshold`); masked keys get 0.
+#[inline(always)]
 fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
+    // The largest allowed score, with sixteen independent lanes and no branch, so the loop vectorises.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let (rows, masks) = (row.chunks_exact(16), mask.chunks_exact(16));
     let mut max = f32::NEG_INFINITY;
-    for (x, m) in row.iter().zip(mask) {
+    for (x, m) in rows.remainder().iter().zip(masks.remainder()) {
         if *m > threshold && *x > max {
             max = *x;
+        }
+    }
+    for (xs, ms) in rows.zip(masks) {
+        for ((lane, x), m) in lanes.iter_mut().zip(xs).zip(ms) {
+            let v = if *m > threshold { *x } else { f32::NEG_INFINITY };
+            *lane = if v > *lane { v } else { *lane };
+        }
+    }
+    for lane in lanes {
+        if lane > max {
+            max = lane;
         }
     }
     if max == f32::NEG_INFINITY {
@@ -367,6 +390,7 @@ fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
 }
 
 /// Sum with eight independent accumulators (so the loop vectorises).
+#[inline(always)]
 fn sum8(xs: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = xs.chunks_exact(8);

@@ -4,7 +4,7 @@
 //! The generator is SplitMix64, written out here so that a seed means the same tokens on every platform and
 //! release, and so that its whole state is one `u64` that a checkpoint can store.
 
-use crate::train::cpu::math::fast_exp;
+use crate::train::cpu::math::{fast_exp, simd_fn};
 
 #[cfg(test)]
 mod tests;
@@ -107,10 +107,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix64) -> 
             });
         return (best as u32, log_softmax_at(logits, 1.0, best));
     }
-    let inv_t = 1.0 / f64::from(params.temperature);
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut probs: Vec<f64> = logits.iter().map(|&l| ((l as f64 - max) * inv_t).exp()).collect();
-    let total: f64 = probs.iter().sum();
+    // Exponentials in f32 with a vectorised `exp` (about 1 ulp), probabilities and sums in f64: libm's
+    // scalar `exp` over a vocabulary of 10^5 costs as much as a decode step of a small model.
+    let inv_t = 1.0 / params.temperature;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut probs = vec![0.0f64; logits.len()];
+    let total = tempered_exp(&mut probs, logits, max, inv_t);
     for p in &mut probs {
         *p /= total;
     }
@@ -186,25 +188,50 @@ fn draw(probs: &[f64], candidates: Option<&[usize]>, rng: &mut SplitMix64) -> (u
     (chosen as u32, (probs[chosen] / mass).ln() as f32)
 }
 
-/// `log_softmax(logits / temperature)[index]`, in f64.
+simd_fn! {
+    /// `out[i] = exp((logits[i] - max) * inv_t)` (the exponential in f32), returning the sum in f64.
+    fn tempered_exp(out: &mut [f64], logits: &[f32], max: f32, inv_t: f32) -> f64 {
+        let mut acc = [0.0f64; 8];
+        let (chunks, outs) = (logits.chunks_exact(8), out.chunks_exact_mut(8));
+        let mut rest = 0.0;
+        for (o, &l) in outs.into_remainder().iter_mut().zip(chunks.remainder()) {
+            *o = f64::from(fast_exp((l - max) * inv_t));
+            rest += *o;
+        }
+        for (c, o) in chunks.zip(out.chunks_exact_mut(8)) {
+            for ((a, o), &l) in acc.iter_mut().zip(o).zip(c) {
+                *o = f64::from(fast_exp((l - max) * inv_t));
+                *a += *o;
+            }
+        }
+        acc.iter().sum::<f64>() + rest
+    }
+}
+
+simd_fn! {
+    /// `sum(exp((logits[i] - max) * inv_t))`, the exponential in f32 and the sum in f64.
+    fn tempered_exp_sum(logits: &[f32], max: f32, inv_t: f32) -> f64 {
+        let mut acc = [0.0f64; 8];
+        let chunks = logits.chunks_exact(8);
+        let mut rest = 0.0;
+        for &l in chunks.remainder() {
+            rest += f64::from(fast_exp((l - max) * inv_t));
+        }
+        for c in chunks {
+            for (a, &l) in acc.iter_mut().zip(c) {
+                *a += f64::from(fast_exp((l - max) * inv_t));
+            }
+        }
+        acc.iter().sum::<f64>() + rest
+    }
+}
+
+/// `log_softmax(logits / temperature)[index]`.
 pub fn log_softmax_at(logits: &[f32], temperature: f64, index: usize) -> f32 {
     let max32 = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let max = max32 as f64;
     // The normaliser in f32 with a vectorised `exp` (about 1 ulp), summed in f64: libm's scalar `exp` over
     // the whole vocabulary was a tenth of a batched decode step.
-    let inv_t = (1.0 / temperature) as f32;
-    let mut acc = [0.0f64; 8];
-    let chunks = logits.chunks_exact(8);
-    let mut sum: f64 = chunks
-        .remainder()
-        .iter()
-        .map(|&l| f64::from(fast_exp((l - max32) * inv_t)))
-        .sum();
-    for c in chunks {
-        for (a, &l) in acc.iter_mut().zip(c) {
-            *a += f64::from(fast_exp((l - max32) * inv_t));
-        }
-    }
-    sum += acc.iter().sum::<f64>();
+    let sum = tempered_exp_sum(logits, max32, (1.0 / temperature) as f32);
     (((logits[index] as f64 - max) / temperature) - sum.ln()) as f32
 }

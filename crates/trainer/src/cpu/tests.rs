@@ -154,3 +154,25 @@ fn attention_case(len: usize, keys: usize) {
         "len {len}, keys {keys}: attention differs by {worst}"
     );
 }
+
+#[test]
+fn fast_exp_is_within_two_ulp_of_exp_over_its_range() {
+    use crate::train::cpu::math::fast_exp;
+    let mut worst = 0.0f64;
+    // Above about 88.03, 2^n overflows and the result is infinite, a little before exp itself.
+    let mut x = -87.0f32;
+    while x < 88.0 {
+        let exact = f64::from(x).exp();
+        let got = f64::from(fast_exp(x));
+        worst = worst.max(((got - exact) / exact).abs());
+        x += 0.001_3;
+    }
+    // f32's ulp is 2^-23 (1.2e-7) relative.
+    assert!(worst < 2.5e-7, "worst relative error {worst}");
+    assert_eq!(fast_exp(0.0), 1.0);
+    assert!(
+        fast_exp(-1.0e30) < 1.0e-37,
+        "clamped to the smallest normal scale"
+    );
+    assert!(fast_exp(f32::NAN).is_nan());
+}

@@ -11,8 +11,45 @@ const PARALLEL_WORK: usize = 1 << 18;
 /// Elementwise work is split over threads above this many elements.
 const PARALLEL_ELEMENTS: usize = 1 << 15;
 
+/// Defines a function whose body is compiled three times: for AVX-512, for AVX2 with FMA, and for the
+/// portable target (SSE2 only, a quarter of AVX-512's width), and runs the widest version this CPU has.
+/// For the loops inside, written to auto-vectorise, that is the difference between 4 and 16 lanes.
+/// Helpers the body calls must be `#[inline(always)]` so that they are compiled with its features.
+///
+/// The three versions give bit-identical results: Rust never fuses `a * b + c` into one rounding on its own,
+/// and every reduction here has a fixed order of accumulators whatever the vector width.
+macro_rules! simd_fn {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? $body
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? $body
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (and so AVX2 and FMA), checked just above.
+                    #[expect(unsafe_code, reason = "runs code compiled for CPU features checked at run time")]
+                    let out = unsafe { avx512($($arg),*) };
+                    return out;
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has AVX2 and FMA, checked just above.
+                    #[expect(unsafe_code, reason = "runs code compiled for CPU features checked at run time")]
+                    let out = unsafe { avx2($($arg),*) };
+                    return out;
+                }
+            }
+            $body
+        }
+    };
+}
+pub(crate) use simd_fn;
+
 /// `e^x` to about 1 ulp (Cephes' polynomial after reduction by powers of two), written so the compiler
-/// vectorises loops over it; inputs below -87.3 give about 1e-38 instead of 0.
+/// vectorises loops over it; inputs below -87.3 give about 1e-38 instead of 0, inputs above about 88.03 give
+/// infinity (exp itself overflows at 88.72).
 #[inline(always)]
 pub(crate) fn fast_exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -21,7 +58,8 @@ pub(crate) fn fast_exp(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a rounding instruction.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.336_54, 88.722_83);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
@@ -30,7 +68,10 @@ pub(crate) fn fast_exp(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    // `2^n` from the bits of `t`, whose low mantissa bits hold `n` (`t`'s own bits are those of ROUND plus
+    // n): integer arithmetic that vectorises, where `n as i32` is a scalar conversion per lane.
+    let bits = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23;
+    y * f32::from_bits(bits)
 }
 
 /// Sum with eight independent accumulators (so the loop vectorises).
@@ -167,12 +208,18 @@ pub(crate) fn rms_forward(
         .collect();
     let mut y = Array2::<f32>::zeros(x.dim());
     rows_mut(&mut y, |i, row| {
-        let xr = &xs[i * dim..(i + 1) * dim];
-        for ((o, a), b) in row.iter_mut().zip(xr).zip(&w) {
-            *o = a * inv[i] * b;
-        }
+        scale_row(row, &xs[i * dim..(i + 1) * dim], inv[i], &w)
     });
     (y, inv)
+}
+
+simd_fn! {
+    /// `out = x * r * w`, elementwise.
+    fn scale_row(out: &mut [f32], x: &[f32], r: f32, w: &[f32]) {
+        for ((o, a), b) in out.iter_mut().zip(x).zip(w) {
+            *o = a * r * b;
+        }
+    }
 }
 
 /// RMSNorm backward: `(dx, dw)`.
@@ -241,12 +288,18 @@ pub(crate) fn swiglu_forward(g: ArrayView2<'_, f32>, u: ArrayView2<'_, f32>) -> 
     let (gs, us) = (g.as_slice().expect("standard"), u.as_slice().expect("standard"));
     let mut out = Array2::<f32>::zeros(g.dim());
     rows_mut(&mut out, |i, row| {
-        let (gr, ur) = (&gs[i * cols..(i + 1) * cols], &us[i * cols..(i + 1) * cols]);
-        for j in 0..cols {
-            row[j] = gr[j] / (1.0 + fast_exp(-gr[j])) * ur[j];
-        }
+        swiglu_row(row, &gs[i * cols..(i + 1) * cols], &us[i * cols..(i + 1) * cols]);
     });
     out
+}
+
+simd_fn! {
+    /// `out = silu(g) * u`, elementwise.
+    fn swiglu_row(out: &mut [f32], g: &[f32], u: &[f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + fast_exp(-g)) * u;
+        }
+    }
 }
 
 /// The backward pass of [`swiglu_forward`]: `(dg, du)`.
