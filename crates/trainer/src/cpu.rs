@@ -1,16 +1,16 @@
-//! A faster projection `x W^T` for the plain CPU backend, where burn-ndarray's generic matmul is slow for
-//! the small row counts of decoding.
+//! Faster inference kernels for the plain CPU backend ([`crate::backend::Cpu`], never under autodiff), where
+//! burn-ndarray's generic operations copy their operands and make several allocating passes per call.
 //!
-//! burn-ndarray 0.21 reshapes both matmul operands to three dimensions, which copies them, and
-//! matrixmultiply then packs the weight again: three passes over every weight matrix per call, when
-//! decoding needs one.
-//! Here, for the inference backend only ([`crate::backend::Cpu`], never under autodiff), a projection of
-//! up to [`SMALL_ROWS`] rows reads each weight row once and takes its dot products with every input row;
-//! larger inputs (prefill, scoring) go to the `gemm` crate, reading both operands in place.
+//! - Projections `x W^T`: the engine stores every weight matrix column-major ([`for_inference`]), which the
+//!   `gemm` crate reads in place at any row count; gemm repacks a row-major weight on every call, which for
+//!   a decode batch cost three times the multiplication. Row-major weights (tests, scoring outside the
+//!   engine) of up to [`SMALL_ROWS`] rows take a dot-product kernel instead.
+//! - Attention reads the key/value cache in place, in blocks of query rows multiplied only by the keys
+//!   their mask allows, around a vectorised masked softmax.
+//! - RMSNorm, RoPE and SwiGLU are the training path's one-pass forward kernels (`train/cpu/math.rs`).
 //!
-//! The elementwise steps of the forward pass (RMSNorm, RoPE, SwiGLU) also have one-pass kernels here, the
-//! forward kernels of the training path (`train/cpu/math.rs`): burn-ndarray runs each of them as several
-//! allocating passes, which dominates small decode batches.
+//! The hot elementwise loops are compiled for AVX-512 and AVX2 as well as the portable target and chosen at
+//! run time (`simd_fn!`), with bit-identical results.
 
 use std::any::Any;
 
