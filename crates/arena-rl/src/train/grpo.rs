@@ -37,6 +37,15 @@ pub struct GrpoStep {
     options: TrainerOptions,
     publish: Publish,
     trainer: Option<Trainer>,
+    /// Steps in a row that had no trainable group.
+    skipped_in_a_row: u64,
+}
+
+/// Whether the `n`th skipped step in a row deserves a warning: at 10, 100, 1000... in a row. A single
+/// skipped step is normal in GRPO (every group of a batch got uniform rewards); a long run of them means
+/// the rewards are stuck.
+fn warn_after_skips(n: u64) -> bool {
+    n >= 10 && 10u64.pow(n.ilog10()) == n
 }
 
 fn level(l: stream_config::NormLevel) -> NormLevel {
@@ -129,6 +138,7 @@ impl GrpoStep {
             },
             publish,
             trainer: None,
+            skipped_in_a_row: 0,
         })
     }
 
@@ -226,12 +236,26 @@ impl TrainStep for GrpoStep {
 
     fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput> {
         if batch.samples.iter().all(|s| !s.loss_mask.iter().any(|&m| m != 0)) {
-            tracing::warn!(step, "no trajectory to train on: the weights stay as they are");
+            self.skipped_in_a_row += 1;
+            let n = self.skipped_in_a_row;
+            if warn_after_skips(n) {
+                tracing::warn!(
+                    step,
+                    "no trainable group for {n} steps in a row: every group was rejected (see the rejected \
+                     counts in the metrics, e.g. all_wrong or all_correct); check the rewards"
+                );
+            } else {
+                tracing::debug!(
+                    step,
+                    "no trainable group in this batch: the weights stay as they are"
+                );
+            }
             return Ok(StepOutput {
                 metrics: vec![("train/skipped".to_string(), 1.0)],
                 weights: NewWeights::Unchanged,
             });
         }
+        self.skipped_in_a_row = 0;
         let rl = to_rl_batch(batch);
         let stats = self
             .trainer()?
@@ -255,5 +279,16 @@ impl TrainStep for GrpoStep {
             .load_state(dir)
             .with_context(|| format!("restoring the trainer from {}", dir.display()))?;
         self.weights_out()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warn_after_skips;
+
+    #[test]
+    fn skipped_steps_warn_at_powers_of_ten_only() {
+        let warned: Vec<u64> = (1..=2000).filter(|&n| warn_after_skips(n)).collect();
+        assert_eq!(warned, [10, 100, 1000]);
     }
 }
