@@ -176,3 +176,69 @@ fn fast_exp_is_within_two_ulp_of_exp_over_its_range() {
     );
     assert!(fast_exp(f32::NAN).is_nan());
 }
+
+#[test]
+fn simd_versions_give_bit_identical_results() {
+    use std::sync::atomic::Ordering;
+
+    use crate::sampling::{SamplingParams, log_softmax_at, sample};
+    use crate::train::cpu::math::SIMD_LEVEL;
+
+    let mut rng = SplitMix64::new(11);
+    let (batch, heads, kv_heads, len, keys, d) = (2, 4, 2, 70, 75, 8);
+    let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
+        let data: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| rng.next_normal() as f32)
+            .collect();
+        Tensor::from_data(TensorData::new(data, shape), &Default::default())
+    };
+    let q = rand4([batch, heads, len, d], &mut rng);
+    let k = rand4([batch, kv_heads, keys, d], &mut rng);
+    let v = rand4([batch, kv_heads, keys, d], &mut rng);
+    let bias: Vec<f32> = (0..batch * len * keys)
+        .map(|i| {
+            if (i / keys) % len + 5 < i % keys {
+                crate::model::MASKED
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let bias = Tensor::<Cpu, 5>::from_data(
+        TensorData::new(bias, [batch, 1, 1, len, keys]),
+        &Default::default(),
+    );
+    let gate = random([9, 37], &mut rng);
+    let up = random([9, 37], &mut rng);
+    let norm_w = Tensor::<Cpu, 1>::from_data(
+        TensorData::new((0..37).map(|i| 0.5 + i as f32 / 37.0).collect::<Vec<f32>>(), [37]),
+        &Default::default(),
+    );
+    let logits: Vec<f32> = (0..1003).map(|_| 3.0 * rng.next_normal() as f32).collect();
+
+    let run = |level: u8| -> Vec<u32> {
+        SIMD_LEVEL.store(level, Ordering::Relaxed);
+        let mut bits = Vec::new();
+        let mut push = |t: Vec<f32>| bits.extend(t.into_iter().map(f32::to_bits));
+        push(host_f32(attention(&q, &k, &v, &bias, 0.3).expect("fast path")));
+        push(host_f32(swiglu(&gate, &up).expect("fast path")));
+        push(host_f32(rms_norm(&gate, &norm_w, 1e-6).expect("fast path")));
+        push(vec![log_softmax_at(&logits, 0.7, 5)]);
+        let params = SamplingParams {
+            temperature: 0.9,
+            ..SamplingParams::default()
+        };
+        let mut draws = SplitMix64::new(3);
+        for _ in 0..20 {
+            let (token, logprob) = sample(&logits, &params, &mut draws);
+            push(vec![token as f32, logprob]);
+        }
+        bits
+    };
+    let widest = run(2);
+    let avx2 = run(1);
+    let portable = run(0);
+    SIMD_LEVEL.store(2, Ordering::Relaxed);
+    assert!(widest == avx2, "AVX-512 and AVX2 versions differ");
+    assert!(widest == portable, "AVX-512 and portable versions differ");
+}

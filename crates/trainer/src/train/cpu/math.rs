@@ -28,13 +28,20 @@ macro_rules! simd_fn {
                 fn avx512($($arg: $ty),*) $(-> $ret)? $body
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? $body
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                #[cfg(test)]
+                let level = $crate::train::cpu::math::SIMD_LEVEL.load(std::sync::atomic::Ordering::Relaxed);
+                #[cfg(not(test))]
+                let level = 2;
+                if level >= 2 && std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU has AVX-512F (and so AVX2 and FMA), checked just above.
                     #[expect(unsafe_code, reason = "runs code compiled for CPU features checked at run time")]
                     let out = unsafe { avx512($($arg),*) };
                     return out;
                 }
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                if level >= 1
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
                     // SAFETY: the CPU has AVX2 and FMA, checked just above.
                     #[expect(unsafe_code, reason = "runs code compiled for CPU features checked at run time")]
                     let out = unsafe { avx2($($arg),*) };
@@ -46,6 +53,11 @@ macro_rules! simd_fn {
     };
 }
 pub(crate) use simd_fn;
+
+/// Test hook: the widest code `simd_fn!` may run (2: AVX-512, 1: AVX2, 0: portable), so that tests can
+/// compare the versions.
+#[cfg(test)]
+pub(crate) static SIMD_LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
 
 /// `e^x` to about 1 ulp (Cephes' polynomial after reduction by powers of two), written so the compiler
 /// vectorises loops over it; inputs below -87.3 give about 1e-38 instead of 0, inputs above about 88.03 give
