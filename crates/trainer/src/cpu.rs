@@ -108,6 +108,55 @@ impl<B: Backend> ModuleMapper<B> for ColumnMajor {
     }
 }
 
+/// Zeros of `shape` on the plain CPU backend, from zeroed memory: burn-ndarray fills a vector element by
+/// element and then copies it.
+pub(crate) fn zeros<B: Backend, const D: usize>(shape: [usize; D]) -> Option<Tensor<B, D>> {
+    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
+        return None;
+    }
+    from_array(ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&shape)))
+}
+
+/// On the plain CPU backend, a zeroed `[rows, heads, capacity, d]` tensor holding `parts` stacked along the
+/// rows: part `(t, cols, at)` contributes every row of `t` (`[n, heads, _, d]`), its columns `cols`
+/// written from column `at`. One copy per element, where burn's zeros, slice, slice-assign and
+/// concatenation make four.
+pub(crate) fn assemble<B: Backend>(
+    parts: &[(&Tensor<B, 4>, std::ops::Range<usize>, usize)],
+    capacity: usize,
+) -> Option<Tensor<B, 4>> {
+    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
+        return None;
+    }
+    let [_, heads, _, d] = parts.first()?.0.dims();
+    let prims: Vec<_> = parts
+        .iter()
+        .map(|(t, _, _)| (*t).clone().into_primitive().tensor())
+        .collect();
+    let mut views = Vec::with_capacity(parts.len());
+    for p in &prims {
+        let view = f32_view::<B>(p)?.into_dimensionality::<ndarray::Ix4>().ok()?;
+        let (_, h, _, dd) = view.dim();
+        if h != heads || dd != d {
+            return None;
+        }
+        views.push(view);
+    }
+    let rows: usize = views.iter().map(|v| v.dim().0).sum();
+    let mut out = ndarray::Array4::<f32>::zeros((rows, heads, capacity, d));
+    let mut row = 0;
+    for (view, (_, cols, at)) in views.iter().zip(parts) {
+        let n = view.dim().0;
+        if cols.end > view.dim().2 || at + cols.len() > capacity {
+            return None;
+        }
+        out.slice_mut(ndarray::s![row..row + n, .., *at..*at + cols.len(), ..])
+            .assign(&view.slice(ndarray::s![.., .., cols.clone(), ..]));
+        row += n;
+    }
+    from_array(out.into_dyn())
+}
+
 /// The elements of `t` in row-major order, copied straight from memory on the plain CPU backend: burn's
 /// `into_data` walks ndarray's dynamic-rank iterator element by element, a tenth of a decode step for the
 /// logits alone.

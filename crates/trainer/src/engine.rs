@@ -256,24 +256,22 @@ impl<B: Backend> Engine<B> {
         let t = cache.len;
         let target = t.max(width);
         let capacity = cache.capacity().max(target + 1 + target.max(16) / 2);
-        let old = relayout(cache, target - t, t, capacity, &self.device);
+        // The running rows' columns end where the new rows' do: both are right-aligned at `target`.
+        let merged = assemble(
+            &[(&cache, 0..t, target - t), (&fresh, 0..width, target - width)],
+            capacity,
+            &self.device,
+        );
         for s in &mut self.seqs {
             s.start_col += target - t;
         }
-        let new = relayout(fresh, target - width, width, capacity, &self.device);
         for s in &mut new_seqs {
             s.start_col += target - width;
         }
-        let layers = old
-            .layers
-            .into_iter()
-            .zip(new.layers)
-            .map(|(a, b)| LayerKv {
-                k: Tensor::cat(vec![a.k, b.k], 0),
-                v: Tensor::cat(vec![a.v, b.v], 0),
-            })
-            .collect();
-        self.cache = Some(KvCache { layers, len: target });
+        self.cache = Some(KvCache {
+            layers: merged,
+            len: target,
+        });
         self.seqs.extend(new_seqs);
     }
 
@@ -401,25 +399,8 @@ fn relayout<B: Backend>(
     capacity: usize,
     device: &B::Device,
 ) -> KvCache<B> {
-    let layers = cache
-        .layers
-        .into_iter()
-        .map(|l| {
-            let [b, h, _, d] = l.k.dims();
-            let place = |t: Tensor<B, 4>| {
-                Tensor::zeros([b, h, capacity, d], device).slice_assign(
-                    [0..b, 0..h, shift..shift + valid, 0..d],
-                    t.slice([0..b, 0..h, 0..valid, 0..d]),
-                )
-            };
-            LayerKv {
-                k: place(l.k),
-                v: place(l.v),
-            }
-        })
-        .collect();
     KvCache {
-        layers,
+        layers: assemble(&[(&cache, 0..valid, shift)], capacity, device),
         len: shift + valid,
     }
 }
@@ -432,27 +413,45 @@ fn shift_left<B: Backend>(
     device: &B::Device,
 ) -> KvCache<B> {
     let len = cache.len;
-    let layers = cache
-        .layers
-        .into_iter()
-        .map(|l| {
-            let [b, h, _, d] = l.k.dims();
-            let place = |t: Tensor<B, 4>| {
-                Tensor::zeros([b, h, capacity, d], device).slice_assign(
-                    [0..b, 0..h, 0..len - unused, 0..d],
-                    t.slice([0..b, 0..h, unused..len, 0..d]),
-                )
-            };
-            LayerKv {
-                k: place(l.k),
-                v: place(l.v),
-            }
-        })
-        .collect();
     KvCache {
-        layers,
+        layers: assemble(&[(&cache, unused..len, 0)], capacity, device),
         len: len - unused,
     }
+}
+
+/// The layers of a zeroed cache of `capacity` columns holding `parts` stacked along the rows: part
+/// `(cache, cols, at)` contributes every row of `cache`, its columns `cols` written from column `at`.
+fn assemble<B: Backend>(
+    parts: &[(&KvCache<B>, std::ops::Range<usize>, usize)],
+    capacity: usize,
+    device: &B::Device,
+) -> Vec<LayerKv<B>> {
+    let layers = parts.first().map_or(0, |(c, _, _)| c.layers.len());
+    let stack = |pick: &dyn Fn(&LayerKv<B>) -> &Tensor<B, 4>, i: usize| {
+        let pieces: Vec<_> = parts
+            .iter()
+            .map(|(c, cols, at)| (pick(&c.layers[i]), cols.clone(), *at))
+            .collect();
+        crate::cpu::assemble(&pieces, capacity).unwrap_or_else(|| {
+            let placed = pieces
+                .into_iter()
+                .map(|(t, cols, at)| {
+                    let [b, h, _, d] = t.dims();
+                    Tensor::zeros([b, h, capacity, d], device).slice_assign(
+                        [0..b, 0..h, at..at + cols.len(), 0..d],
+                        t.clone().slice([0..b, 0..h, cols, 0..d]),
+                    )
+                })
+                .collect();
+            Tensor::cat(placed, 0)
+        })
+    };
+    (0..layers)
+        .map(|i| LayerKv {
+            k: stack(&|l| &l.k, i),
+            v: stack(&|l| &l.v, i),
+        })
+        .collect()
 }
 
 fn select_rows<B: Backend>(cache: KvCache<B>, rows: &[usize], device: &B::Device) -> KvCache<B> {

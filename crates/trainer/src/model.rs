@@ -208,11 +208,12 @@ impl<B: Backend> KvCache<B> {
     /// An empty cache of `capacity` zeroed columns.
     pub fn new(config: &ModelConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
         let shape = [batch, config.num_key_value_heads, capacity, config.head_dim];
+        let zeros = || crate::cpu::zeros(shape).unwrap_or_else(|| Tensor::zeros(shape, device));
         Self {
             layers: (0..config.num_hidden_layers)
                 .map(|_| LayerKv {
-                    k: Tensor::zeros(shape, device),
-                    v: Tensor::zeros(shape, device),
+                    k: zeros(),
+                    v: zeros(),
                 })
                 .collect(),
             len: 0,
