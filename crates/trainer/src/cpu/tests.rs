@@ -242,3 +242,31 @@ fn simd_versions_give_bit_identical_results() {
     assert!(widest == avx2, "AVX-512 and AVX2 versions differ");
     assert!(widest == portable, "AVX-512 and portable versions differ");
 }
+
+#[test]
+fn assemble_stacks_rows_and_moves_columns_like_burn() {
+    let mut rng = SplitMix64::new(8);
+    let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
+        let data: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| rng.next_normal() as f32)
+            .collect();
+        Tensor::from_data(TensorData::new(data, shape), &Default::default())
+    };
+    let (a, b) = (rand4([3, 2, 10, 4], &mut rng), rand4([2, 2, 6, 4], &mut rng));
+    let capacity = 12;
+    let fast = assemble(&[(&a, 2..9, 1), (&b, 0..6, 4)], capacity).expect("the CPU backend");
+    let place = |t: &Tensor<Cpu, 4>, cols: std::ops::Range<usize>, at: usize| {
+        let [n, h, _, d] = t.dims();
+        Tensor::<Cpu, 4>::zeros([n, h, capacity, d], &Default::default()).slice_assign(
+            [0..n, 0..h, at..at + cols.len(), 0..d],
+            t.clone().slice([0..n, 0..h, cols, 0..d]),
+        )
+    };
+    let slow = Tensor::cat(vec![place(&a, 2..9, 1), place(&b, 0..6, 4)], 0);
+    assert_eq!(fast.dims(), [5, 2, capacity, 4]);
+    assert_eq!(host_f32(fast), host_f32(slow));
+    // Parts that do not fit are refused, not truncated.
+    assert!(assemble(&[(&a, 0..10, 3)], capacity).is_none());
+    let zeros = zeros::<Cpu, 3>([2, 3, 4]).expect("the CPU backend");
+    assert_eq!(host_f32(zeros), vec![0.0; 24]);
+}
