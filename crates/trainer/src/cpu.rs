@@ -8,6 +8,8 @@
 //! - Attention reads the key/value cache in place, in blocks of query rows multiplied only by the keys
 //!   their mask allows, around a vectorised masked softmax.
 //! - RMSNorm, RoPE and SwiGLU are the training path's one-pass forward kernels (`train/cpu/math.rs`).
+//! - The engine's cache moves ([`assemble`]) and fresh caches ([`zeros`]) take one copy or none, where
+//!   burn's zeros, slice, slice-assign and concatenation each copy.
 //!
 //! The hot elementwise loops are compiled for AVX-512 and AVX2 as well as the portable target and chosen at
 //! run time (`simd_fn!`), with bit-identical results.
