@@ -423,3 +423,19 @@ pub fn ensure(spec: &PolicySpec, root: &Path) -> Result<BuiltPolicy> {
 
 #[cfg(test)]
 mod tests;
+
+/// A policy small enough for unit tests (a second to build), seeded with `seed`.
+#[cfg(test)]
+pub(crate) fn small_spec(seed: u64) -> PolicySpec {
+    PolicySpec {
+        seed,
+        vocab_size: 400,
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_layers: 1,
+        num_heads: 2,
+        context: 128,
+        corpus_conversations: 200,
+        ..PolicySpec::default()
+    }
+}

@@ -5,8 +5,8 @@ use burn::tensor::{Tensor, TensorData};
 use super::*;
 use crate::sampling::SplitMix64;
 
-fn random(shape: [usize; 2], rng: &mut SplitMix64) -> Tensor<Cpu, 2> {
-    let data: Vec<f32> = (0..shape[0] * shape[1])
+fn random<const D: usize>(shape: [usize; D], rng: &mut SplitMix64) -> Tensor<Cpu, D> {
+    let data: Vec<f32> = (0..shape.iter().product::<usize>())
         .map(|_| rng.next_normal() as f32)
         .collect();
     Tensor::from_data(TensorData::new(data, shape), &Default::default())
@@ -104,16 +104,10 @@ fn fast_attention_matches_burns_ops() {
 fn attention_case(len: usize, keys: usize) {
     let mut rng = SplitMix64::new(5);
     let (batch, heads, kv_heads, d) = (2, 4, 2, 8);
-    let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
-        let data: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| rng.next_normal() as f32)
-            .collect();
-        Tensor::from_data(TensorData::new(data, shape), &Default::default())
-    };
-    let q = rand4([batch, heads, len, d], &mut rng);
+    let q = random([batch, heads, len, d], &mut rng);
     // The whole cache, with free columns after the `keys` in use, the way the engine passes it.
-    let k_cache = rand4([batch, kv_heads, keys + 5, d], &mut rng);
-    let v_cache = rand4([batch, kv_heads, keys + 5, d], &mut rng);
+    let k_cache = random([batch, kv_heads, keys + 5, d], &mut rng);
+    let v_cache = random([batch, kv_heads, keys + 5, d], &mut rng);
     let used = [0..batch, 0..kv_heads, 0..keys, 0..d];
     let (k, v) = (k_cache.clone().slice(used.clone()), v_cache.clone().slice(used));
     let masked = crate::model::MASKED;
@@ -186,15 +180,9 @@ fn simd_versions_give_bit_identical_results() {
 
     let mut rng = SplitMix64::new(11);
     let (batch, heads, kv_heads, len, keys, d) = (2, 4, 2, 70, 75, 8);
-    let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
-        let data: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| rng.next_normal() as f32)
-            .collect();
-        Tensor::from_data(TensorData::new(data, shape), &Default::default())
-    };
-    let q = rand4([batch, heads, len, d], &mut rng);
-    let k = rand4([batch, kv_heads, keys, d], &mut rng);
-    let v = rand4([batch, kv_heads, keys, d], &mut rng);
+    let q = random([batch, heads, len, d], &mut rng);
+    let k = random([batch, kv_heads, keys, d], &mut rng);
+    let v = random([batch, kv_heads, keys, d], &mut rng);
     let bias: Vec<f32> = (0..batch * len * keys)
         .map(|i| {
             if (i / keys) % len + 5 < i % keys {
@@ -246,13 +234,7 @@ fn simd_versions_give_bit_identical_results() {
 #[test]
 fn assemble_stacks_rows_and_moves_columns_like_burn() {
     let mut rng = SplitMix64::new(8);
-    let rand4 = |shape: [usize; 4], rng: &mut SplitMix64| -> Tensor<Cpu, 4> {
-        let data: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| rng.next_normal() as f32)
-            .collect();
-        Tensor::from_data(TensorData::new(data, shape), &Default::default())
-    };
-    let (a, b) = (rand4([3, 2, 10, 4], &mut rng), rand4([2, 2, 6, 4], &mut rng));
+    let (a, b) = (random([3, 2, 10, 4], &mut rng), random([2, 2, 6, 4], &mut rng));
     let capacity = 12;
     let fast = assemble(&[(&a, 2..9, 1), (&b, 0..6, 4)], capacity).expect("the CPU backend");
     let place = |t: &Tensor<Cpu, 4>, cols: std::ops::Range<usize>, at: usize| {

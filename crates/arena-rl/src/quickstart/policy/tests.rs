@@ -3,20 +3,6 @@
 
 use super::*;
 
-fn small_spec(seed: u64) -> PolicySpec {
-    PolicySpec {
-        seed,
-        vocab_size: 400,
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_layers: 1,
-        num_heads: 2,
-        context: 128,
-        corpus_conversations: 200,
-        ..PolicySpec::default()
-    }
-}
-
 #[test]
 fn the_template_renders_a_whole_conversation_compactly() {
     let task = TaskInstance::from_data_id(TaskFamily::Max, "row-7");

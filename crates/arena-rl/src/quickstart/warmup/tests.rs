@@ -5,14 +5,8 @@ use crate::quickstart::policy::{IM_END, PolicySpec, build};
 
 fn tiny_policy(dir: &Path) -> std::path::PathBuf {
     let spec = PolicySpec {
-        vocab_size: 400,
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_layers: 1,
-        num_heads: 2,
-        context: 128,
         corpus_conversations: 300,
-        ..PolicySpec::default()
+        ..crate::quickstart::policy::small_spec(0)
     };
     build(&spec, &dir.join("policy")).unwrap().dir
 }
