@@ -9,13 +9,10 @@ use futures::{StreamExt, TryStreamExt};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use stream_config::LlmProtocol;
+use stream_config::{LlmProtocol, task_type_from_tags};
 
 use crate::client::{ArenaClient, Call, encode_segment, unwrap_data};
 use crate::{Error, Result};
-
-/// The task type of rows whose tags name no single domain.
-pub const UNKNOWN_TASK_TYPE: &str = "unknown";
 
 /// One dataset row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,29 +82,6 @@ impl Deref for Dataset {
 
     fn deref(&self) -> &[DatasetRow] {
         &self.rows
-    }
-}
-
-/// The task type from an item's `tags`: exactly one distinct non-empty `domain:<x>`, else `unknown`.
-pub fn task_type_from_tags(tags: Option<&Value>) -> String {
-    let Some(Value::Array(tags)) = tags else {
-        return UNKNOWN_TASK_TYPE.to_string();
-    };
-    let mut domains = Vec::new();
-    for tag in tags {
-        let Some(tag) = tag.as_str() else {
-            return UNKNOWN_TASK_TYPE.to_string();
-        };
-        if let Some(domain) = tag.strip_prefix("domain:") {
-            let domain = domain.trim();
-            if !domain.is_empty() && !domains.contains(&domain) {
-                domains.push(domain);
-            }
-        }
-    }
-    match domains.as_slice() {
-        [one] => one.to_string(),
-        _ => UNKNOWN_TASK_TYPE.to_string(),
     }
 }
 

@@ -143,6 +143,14 @@ pub enum Error {
     /// The route registry was closed.
     #[error("the LLM route registry is closed")]
     Closed,
+    /// A caller's hook (see [`crate::RolloutHooks`]) could not record a moment, so the rollout stopped there.
+    #[error("the rollout stopped {moment}: {message}")]
+    Hook {
+        /// Which moment, e.g. `before registering route stream-areal-..`.
+        moment: String,
+        /// What the hook reported.
+        message: String,
+    },
     /// Another error, with what we were doing.
     #[error("{context}: {inner}")]
     Context {
@@ -160,7 +168,7 @@ impl Error {
             Self::Transport { .. } | Self::Deadline { .. } => Party::Transport,
             Self::Http { .. } | Self::TaskFailed(_) | Self::Rejected(_) => Party::Arena,
             Self::NonJson { .. } | Self::Malformed { .. } => Party::MalformedResponse,
-            Self::Timeout { .. } | Self::Invalid(_) | Self::Closed => Party::Us,
+            Self::Timeout { .. } | Self::Invalid(_) | Self::Closed | Self::Hook { .. } => Party::Us,
             Self::RestoreThrottled { .. } => Party::Arena,
             Self::Context { inner, .. } => inner.party(),
         }
@@ -191,6 +199,22 @@ impl Error {
             Self::TaskFailed(t) => Some(t),
             Self::Context { inner, .. } => inner.task_failed(),
             _ => None,
+        }
+    }
+
+    /// Whether a caller's hook stopped the rollout (see [`crate::RolloutHooks`]).
+    pub fn is_hook(&self) -> bool {
+        match self {
+            Self::Hook { .. } => true,
+            Self::Context { inner, .. } => inner.is_hook(),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn hook(moment: impl Into<String>, error: &crate::HookError) -> Self {
+        Self::Hook {
+            moment: moment.into(),
+            message: error.to_string(),
         }
     }
 

@@ -20,6 +20,7 @@ mod clock;
 mod config;
 mod dataset;
 mod error;
+mod hooks;
 mod lifecycle;
 mod preflight;
 mod registry;
@@ -31,17 +32,18 @@ mod tasks;
 pub use client::{ArenaClient, encode_segment};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ClientConfig, llm_api_key, validate_llm_base_url};
-pub use dataset::{Dataset, DatasetOptions, DatasetRow, UNKNOWN_TASK_TYPE, task_type_from_tags};
+pub use dataset::{Dataset, DatasetOptions, DatasetRow};
 pub use error::{Error, Party, Result, TransportKind};
-pub use lifecycle::{RolloutReport, RolloutSpec, RouteSetup, valid_session_id};
+pub use hooks::{HookError, HookResult, NoHooks, RolloutHooks};
+pub use lifecycle::{RewardRefCheck, RolloutReport, RolloutSpec, RouteSetup, valid_session_id};
 pub use preflight::{PreflightOptions, StreamSummary, preflight, preflight_stream};
 pub use registry::{AcquireReport, BeforeRegister, CloseReport, RegistryOptions, RouteLease, RouteRegistry};
-pub use retry::{RetryPolicy, TRANSIENT_403_MARKER};
+pub use retry::RetryPolicy;
 pub use routes::{
     MODEL_NAME_PREFIX, ModelRegistration, direct_envs, random_uuid, rollout_model_name, session_gateway_envs,
     session_route_name,
 };
-pub use streams::{ArenaRef, HarnessVersion, StreamInfo, TaskSummary, resolve_protocol};
+pub use streams::{HarnessVersion, StreamInfo, TaskSummary, resolve_protocol};
 pub use tasks::{
     CancelOutcome, LAUNCH_FALLBACK_TASK_ID, LaunchRequest, Launched, RunOptions, TaskFailed, TaskResult,
     TaskRun, parse_task_result,

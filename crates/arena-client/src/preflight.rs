@@ -6,9 +6,8 @@
 //! recent tasks with the same harness and grader are healthy enough.
 
 use serde::Serialize;
-use stream_config::{LlmProtocol, RewardRef, StreamConfig};
+use stream_config::{ArenaRef, LlmProtocol, RewardRef, StreamConfig, reward_ref_drift};
 
-use crate::streams::ArenaRef;
 use crate::{ArenaClient, Error, Result};
 
 /// The preflight thresholds (the reference's CLI defaults).
@@ -123,24 +122,17 @@ pub async fn preflight_stream(
         )));
     }
     let live = info.live_reward_ref()?;
-    let pinned = &stream.expected_reward_ref;
-    if !pinned.key.is_empty() {
-        let matches = live
-            .as_ref()
-            .is_some_and(|l| l.key == pinned.key && l.version == pinned.version);
-        if !matches {
-            return Err(Error::Rejected(format!(
-                "stream {stream_id} reward_ref drifted: pinned {pinned}, live {}",
-                live.as_ref().map_or_else(|| "none".to_string(), ArenaRef::render)
-            )));
-        }
+    if let Some(drift) = reward_ref_drift(&stream.expected_reward_ref, live.as_ref()) {
+        return Err(Error::Rejected(format!(
+            "stream {stream_id} reward_ref drifted: {drift}"
+        )));
     }
     let harness = if stream.harness.is_empty() {
         info.default_harness().unwrap_or_default()
     } else {
         stream.harness.clone()
     };
-    let Some(harness_ref) = ArenaRef::parse_harness(&harness) else {
+    let Some(harness_ref) = ArenaRef::parse(&harness) else {
         return Err(Error::Rejected(format!(
             "stream {stream_id} requires Harness key@version, got {harness:?}"
         )));
@@ -195,7 +187,7 @@ pub async fn preflight_stream(
             .unwrap_or_else(|| LlmProtocol::infer_from_harness(&harness)),
         harness,
         task_envs: stream.task_envs.keys().cloned().collect(),
-        expected_reward_ref: live.map(|l| RewardRef::new(l.key, l.version)).unwrap_or_default(),
+        expected_reward_ref: live.unwrap_or_default(),
         reward_threshold: stream.reward_threshold,
         reward_transform_fn: stream.reward_transform_fn.clone(),
         dataset_total,

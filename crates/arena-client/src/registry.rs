@@ -239,6 +239,9 @@ impl Inner {
     }
 
     async fn delete_orphan(&self, name: &str) {
+        self.client
+            .delete_abandoned_route(name, self.options.registration_timeout)
+            .await;
         if self.delete(name).await.is_ok() {
             lock_orphans(&self.orphans).retain(|n| n != name);
         }

@@ -8,9 +8,7 @@
 use std::time::Duration;
 
 use rand::RngExt;
-
-/// The marker in a 403 body that Arena's gateway sends for a transient rejection.
-pub const TRANSIENT_403_MARKER: &str = "spanner-http-ant-group-watch-all";
+use stream_config::TRANSIENT_403_MARKER;
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, PartialEq)]

@@ -192,6 +192,38 @@ impl ArenaClient {
     }
 }
 
+impl ArenaClient {
+    /// Deletes a route whose registration POST was abandoned in flight. The POST may still land after a
+    /// first delete found nothing, so the route is looked for again, at growing intervals, until `timeout`
+    /// (the registration deadline) has passed, and deleted whenever it is there.
+    pub(crate) async fn delete_abandoned_route(&self, name: &str, timeout: Duration) {
+        let started = tokio::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.delete_model(name, Some(timeout)).await {
+                Ok(()) => {}
+                Err(e) => tracing::warn!(model_name = %name, error = %e, "background LLM route cleanup failed"),
+            }
+            if started.elapsed() + wait > timeout {
+                return;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(10));
+            match self.model_exists(name, Some(timeout)).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::info!(model_name = %name, "an abandoned LLM route registration landed late; deleting it");
+                    continue;
+                }
+                Err(e) => tracing::warn!(model_name = %name, error = %e, "cannot look for an abandoned LLM route"),
+            }
+            if started.elapsed() + wait > timeout {
+                return;
+            }
+        }
+    }
+}
+
 /// `session_gateway` mode's addition: the session headers appended to `ANTHROPIC_CUSTOM_HEADERS`.
 pub fn session_gateway_envs(
     envs: &mut BTreeMap<String, String>,

@@ -1,50 +1,11 @@
 //! Streams (E1, E2), harness versions (E9) and a stream's recent tasks (E10).
 
 use reqwest::Method;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use stream_config::LlmProtocol;
+use stream_config::{ArenaRef, LlmProtocol};
 
 use crate::client::{ArenaClient, Call, encode_segment, unwrap_data};
 use crate::{Error, Result};
-
-/// A `{key, version}` pair: a harness ref or a reward ref.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub struct ArenaRef {
-    /// The key.
-    pub key: String,
-    /// The version.
-    pub version: String,
-}
-
-impl ArenaRef {
-    /// A ref from its parts.
-    pub fn new(key: impl Into<String>, version: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            version: version.into(),
-        }
-    }
-
-    /// Splits `key@version` at the first `@`; both parts must be non-empty.
-    pub fn parse_harness(harness: &str) -> Option<Self> {
-        let (key, version) = harness.split_once('@')?;
-        (!key.is_empty() && !version.is_empty()).then(|| Self::new(key, version))
-    }
-
-    /// Reads a ref leniently: both fields non-empty strings, else `None`.
-    pub(crate) fn from_json(value: Option<&Value>) -> Option<Self> {
-        let v = value?;
-        let key = v.get("key")?.as_str()?;
-        let version = v.get("version")?.as_str()?;
-        (!key.is_empty() && !version.is_empty()).then(|| Self::new(key, version))
-    }
-
-    /// `key@version`.
-    pub fn render(&self) -> String {
-        format!("{}@{}", self.key, self.version)
-    }
-}
 
 /// A stream as E1 or E2 describe it.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,7 +68,7 @@ impl StreamInfo {
 
     /// The default harness as `key@version`, when both parts are non-empty strings.
     pub fn default_harness(&self) -> Option<String> {
-        ArenaRef::from_json(self.raw.get("default_harness_ref")).map(|r| r.render())
+        ArenaRef::from_json(self.raw.get("default_harness_ref")).map(|r| r.to_string())
     }
 }
 

@@ -13,6 +13,7 @@ use stream_config::TaskStatus;
 use tokio::time::Instant;
 
 use crate::client::{ArenaClient, Call, encode_segment};
+use crate::hooks::{NoHooks, RolloutHooks};
 use crate::retry::Delivery;
 use crate::{Error, Result};
 
@@ -267,6 +268,8 @@ impl Default for RunOptions {
 /// What happened to one task.
 #[derive(Debug)]
 pub struct TaskRun {
+    /// The launch request was sent (the caller's `before_launch` hook let it go).
+    pub launch_attempted: bool,
     /// The launch was answered with a queued, running or finished task (the reference's `launch_success`);
     /// a launch answered with a failure status counts as not launched.
     pub launched: bool,
@@ -276,6 +279,18 @@ pub struct TaskRun {
     pub task_id: Option<String>,
     /// The result, a typed failure, or why we stopped.
     pub result: Result<TaskResult>,
+}
+
+impl TaskRun {
+    fn not_launched(launch_attempted: bool, task_id: Option<String>, result: Result<TaskResult>) -> Self {
+        Self {
+            launch_attempted,
+            launched: false,
+            terminal: false,
+            task_id,
+            result,
+        }
+    }
 }
 
 fn terminal_score(op: &str, result: &TaskResult) -> Result<()> {
@@ -442,20 +457,33 @@ impl ArenaClient {
 
     /// Launch then poll under one deadline; reports how far the task got.
     pub async fn run_task(&self, stream_id: &str, request: &LaunchRequest, options: &RunOptions) -> TaskRun {
+        self.run_task_with(stream_id, request, options, &NoHooks).await
+    }
+
+    /// [`ArenaClient::run_task`], calling `hooks` before the launch, once a task id is known (before
+    /// polling) and once that task is done. A failing hook stops the run: nothing more is sent, a task
+    /// already running is cancelled (best effort), and the result is [`Error::Hook`].
+    pub async fn run_task_with(
+        &self,
+        stream_id: &str,
+        request: &LaunchRequest,
+        options: &RunOptions,
+        hooks: &dyn RolloutHooks,
+    ) -> TaskRun {
         let deadline = Instant::now() + options.timeout;
-        let launch = self.launch_one_task(stream_id, request, options.idempotency_key.as_deref());
+        let key = options.idempotency_key.as_deref();
+        if let Err(e) = hooks.before_launch(key) {
+            let moment = format!("before launching row {}", request.data_id);
+            return TaskRun::not_launched(false, None, Err(Error::hook(moment, &e)));
+        }
+        let launch = self.launch_one_task(stream_id, request, key);
         let launched = match tokio::time::timeout_at(deadline, launch).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
                 // A launch answered with a failure status has a task id but never ran as launched (the
                 // reference's launch_success stays 0).
                 let task_id = e.task_failed().map(|t| t.task_id.clone());
-                return TaskRun {
-                    launched: false,
-                    terminal: false,
-                    task_id,
-                    result: Err(e),
-                };
+                return TaskRun::not_launched(true, task_id, Err(e));
             }
             Err(_) => {
                 tracing::warn!(
@@ -463,36 +491,45 @@ impl ArenaClient {
                     request.data_id,
                     options.timeout.as_secs_f64()
                 );
-                return TaskRun {
-                    launched: false,
-                    terminal: false,
+                let timeout = Error::Timeout {
                     task_id: None,
-                    result: Err(Error::Timeout {
-                        task_id: None,
-                        data_id: request.data_id.clone(),
-                        timeout_seconds: options.timeout.as_secs_f64(),
-                    }),
+                    data_id: request.data_id.clone(),
+                    timeout_seconds: options.timeout.as_secs_f64(),
                 };
+                return TaskRun::not_launched(true, None, Err(timeout));
             }
         };
-        match launched {
-            Launched::Finished(result) => TaskRun {
-                launched: true,
-                terminal: true,
-                task_id: Some(result.task_id.clone()),
-                result: Ok(result),
-            },
-            Launched::Running { task_id } => {
-                let result = self
-                    .wait_for_task(&task_id, &request.data_id, deadline, options.timeout)
-                    .await;
-                TaskRun {
+        let task_id = match launched {
+            Launched::Finished(result) => {
+                return TaskRun {
+                    launch_attempted: true,
                     launched: true,
-                    terminal: result.is_ok(),
-                    task_id: Some(task_id),
-                    result,
-                }
+                    terminal: true,
+                    task_id: Some(result.task_id.clone()),
+                    result: Ok(result),
+                };
             }
+            Launched::Running { task_id } => task_id,
+        };
+        let mut result = match hooks.task_started(&task_id) {
+            Ok(()) => {
+                self.wait_for_task(&task_id, &request.data_id, deadline, options.timeout)
+                    .await
+            }
+            Err(e) => {
+                self.cancel_task_best_effort(&task_id).await;
+                Err(Error::hook(format!("before polling task {task_id}"), &e))
+            }
+        };
+        if let Err(e) = hooks.task_finished(&task_id) {
+            result = Err(Error::hook(format!("after task {task_id} finished"), &e));
+        }
+        TaskRun {
+            launch_attempted: true,
+            launched: true,
+            terminal: result.is_ok(),
+            task_id: Some(task_id),
+            result,
         }
     }
 

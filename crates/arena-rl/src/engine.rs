@@ -28,13 +28,14 @@ impl PolicyEngine {
     }
 
     /// Loads the Hugging Face folder `dir` on the CPU, decoding at most `max_batch` sequences together.
-    pub fn load(dir: &Path, max_batch: usize) -> anyhow::Result<Self> {
+    pub fn load(dir: &Path, max_batch: usize) -> crate::Result<Self> {
+        use crate::error::Context as _;
         let options = PolicyOptions {
             max_batch,
             ..PolicyOptions::default()
         };
         let policy = Policy::load(dir, options)
-            .map_err(|e| anyhow::anyhow!("cannot load the policy from {}: {e}", dir.display()))?;
+            .with_context(|| format!("cannot load the policy from {}", dir.display()))?;
         Ok(Self { policy })
     }
 

@@ -19,9 +19,10 @@ use std::io::{BufRead as _, BufReader, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context as _, Result};
 use rollout_proxy::ExportedTrajectory;
 use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
 
 /// Identifies one rollout of a run: training step (or evaluation round), group and sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -188,54 +189,25 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// Opens (or creates) the journal at `path`, replays it, and cuts off a torn last line.
     pub fn open(path: &Path) -> Result<(Self, JournalState)> {
+        let fail = |action: &'static str, at: &Path| {
+            let path = at.to_path_buf();
+            move |source| Error::Journal { path, action, source }
+        };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create the journal directory {}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(fail("create the directory of", path))?;
         }
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .open(path)
-            .with_context(|| format!("cannot open the journal {}", path.display()))?;
-        let mut state = JournalState::default();
-        let mut good_len = 0u64;
-        {
-            let mut reader = BufReader::new(&file);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                let n = reader
-                    .read_until(b'\n', &mut line)
-                    .with_context(|| format!("cannot read the journal {}", path.display()))?;
-                if n == 0 {
-                    break;
-                }
-                let complete = line.ends_with(b"\n");
-                match serde_json::from_slice::<Entry>(line.trim_ascii_end()) {
-                    Ok(entry) if complete => {
-                        state.apply(entry);
-                        good_len += n as u64;
-                    }
-                    _ if !complete => {
-                        state.torn_lines += 1;
-                        break;
-                    }
-                    Ok(_) => unreachable!("complete lines are handled above"),
-                    Err(e) => {
-                        anyhow::bail!(
-                            "the journal {} is corrupt at byte {good_len}: {e}; refusing to resume from it",
-                            path.display()
-                        );
-                    }
-                }
-            }
-        }
-        let len = file.seek(SeekFrom::End(0))?;
+            .map_err(fail("open", path))?;
+        let (state, good_len) = replay(&file, path)?;
+        let len = file.seek(SeekFrom::End(0)).map_err(fail("read", path))?;
         if len != good_len {
             file.set_len(good_len)
-                .with_context(|| format!("cannot cut the torn end of the journal {}", path.display()))?;
-            file.sync_data()?;
+                .and_then(|()| file.sync_data())
+                .map_err(fail("cut the torn end of", path))?;
         }
         Ok((
             Self {
@@ -251,30 +223,81 @@ impl Journal {
         &self.path
     }
 
+    fn file(&self) -> std::sync::MutexGuard<'_, File> {
+        // The file handle has no state a panicking writer could leave half-changed: a torn line is what a
+        // kill leaves too, and replay cuts it.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Bytes written so far: where the next entry begins.
     pub fn position(&self) -> Result<u64> {
-        let file = self
-            .inner
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the journal lock is poisoned"))?;
-        Ok(file
-            .metadata()
-            .with_context(|| format!("cannot read the journal {}", self.path.display()))?
-            .len())
+        let file = self.file();
+        let meta = file.metadata().map_err(|source| Error::Journal {
+            path: self.path.clone(),
+            action: "read",
+            source,
+        })?;
+        Ok(meta.len())
     }
 
     /// Appends `entry` as one line and fsyncs it before returning.
     pub fn append(&self, entry: &Entry) -> Result<()> {
-        let mut line = serde_json::to_vec(entry).context("cannot serialise a journal entry")?;
+        let mut line = serde_json::to_vec(entry).map_err(|e| Error::Journal {
+            path: self.path.clone(),
+            action: "serialise an entry for",
+            source: e.into(),
+        })?;
         line.push(b'\n');
-        let mut file = self
-            .inner
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the journal lock is poisoned"))?;
+        let mut file = self.file();
         file.write_all(&line)
             .and_then(|()| file.sync_data())
-            .with_context(|| format!("cannot append to the journal {}", self.path.display()))
+            .map_err(|source| Error::Journal {
+                path: self.path.clone(),
+                action: "append to",
+                source,
+            })
     }
+}
+
+/// Reads every complete line of the journal; returns the state and the length of its good prefix.
+fn replay(file: &File, path: &Path) -> Result<(JournalState, u64)> {
+    let mut state = JournalState::default();
+    let mut good_len = 0u64;
+    let mut reader = BufReader::new(file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|source| Error::Journal {
+                path: path.to_path_buf(),
+                action: "read",
+                source,
+            })?;
+        if n == 0 {
+            break;
+        }
+        if !line.ends_with(b"\n") {
+            state.torn_lines += 1;
+            break;
+        }
+        match serde_json::from_slice::<Entry>(line.trim_ascii_end()) {
+            Ok(entry) => {
+                state.apply(entry);
+                good_len += n as u64;
+            }
+            Err(e) => {
+                return Err(Error::JournalCorrupt {
+                    path: path.to_path_buf(),
+                    at: good_len,
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok((state, good_len))
 }
 
 #[cfg(test)]

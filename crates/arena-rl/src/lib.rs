@@ -17,7 +17,10 @@
 //! [`train::TrainStep`] and [`train::build_batch`] for the optimisation step; [`engine::PolicyEngine`] for
 //! serving the policy.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod engine;
+pub mod error;
 pub mod journal;
 pub mod observe;
 pub mod pool;
@@ -27,3 +30,5 @@ pub mod resolve;
 pub mod run;
 pub mod train;
 pub mod workflow;
+
+pub use error::{Error, Result};

@@ -3,6 +3,8 @@
 //! `main` only parses and dispatches: each subcommand lives in its own module under `cmd/`, and a failure
 //! is printed as one line on stderr with a non-zero exit status.
 
+#![warn(clippy::too_many_lines)]
+
 use std::process::ExitCode;
 
 use anyhow::Result;

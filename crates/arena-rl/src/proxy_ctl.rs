@@ -154,7 +154,7 @@ impl ProxyControl {
     pub async fn export(
         &self,
         session_id: &str,
-        style: &str,
+        style: rollout_proxy::ExportStyle,
         discount: f64,
         final_reward: Option<f64>,
     ) -> Result<ExportedSession> {

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context as _, Result, anyhow};
+use crate::error::{Context as _, Error, Result};
 use arena_sim::{ArenaSim, World};
 use stream_config::{Env, RunConfig, load_run_config_str};
 
@@ -190,18 +190,19 @@ async fn start_sim(config: &mut RunConfig, token: &str, llm_key: &str) -> Result
         .strip_prefix("http://")
         .and_then(|rest| rest.parse().ok())
         .ok_or_else(|| {
-            anyhow!(
+            Error::Invalid(format!(
                 "econfig.arena_base_url {base:?} must be http://IP:PORT: the quickstart serves arena-sim there"
-            )
+            ))
         })?;
     let mut world = World::quickstart();
     world.token = token.to_string();
     world.llm_api_key = Some(llm_key.to_string());
-    let sim = ArenaSim::builder(world)
-        .bind(addr)
-        .start()
-        .await
-        .map_err(|e| anyhow!("cannot start arena-sim on {addr} (econfig.arena_base_url): {e}"))?;
+    let sim = ArenaSim::builder(world).bind(addr).start().await.map_err(|e| {
+        Error::failed(
+            format!("cannot start arena-sim on {addr} (econfig.arena_base_url)"),
+            e,
+        )
+    })?;
     config.econfig.arena_base_url = sim.base_url();
     Ok(sim)
 }
@@ -234,7 +235,7 @@ pub async fn prepare(
     let cache_for_build = cache.to_path_buf();
     let built = tokio::task::spawn_blocking(move || policy::ensure(&spec_for_build, &cache_for_build))
         .await
-        .context("building the quickstart policy panicked")??;
+        .context("building the quickstart policy")??;
     bar.finish_and_clear();
     let policy_seconds = started.elapsed().as_secs_f64();
     tracing::info!(

@@ -8,10 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context as _, Result, bail};
 use arena_client::{ArenaClient, Dataset, DatasetRow, resolve_protocol};
 use reward_routing::{RewardRule, RewardSettings, RowMeta, TransformRegistry};
-use stream_config::{LlmProtocol, RewardRef, StreamConfig};
+use stream_config::{LlmProtocol, RewardRef, StreamConfig, reward_ref_drift};
+
+use crate::error::{Context as _, Error, Result};
 
 /// A stream as rollouts use it: its resolved config and its reward rule.
 #[derive(Debug, Clone)]
@@ -44,10 +45,7 @@ impl PromptRow {
             stream_name: self.stream.clone(),
             stream_id: self.row.stream_id.clone(),
             task_type: self.row.arena_task_type.clone(),
-            expected_reward_ref: reward_routing::RewardRef {
-                key: stream.config.expected_reward_ref.key.clone(),
-                version: stream.config.expected_reward_ref.version.clone(),
-            },
+            expected_reward_ref: stream.config.expected_reward_ref.clone(),
         }
     }
 }
@@ -72,27 +70,22 @@ pub async fn resolve_streams(
                 .with_context(|| format!("stream {} ({})", s.name, s.stream_id))?
         };
         if info.stream_id.trim().is_empty() {
-            bail!("stream {}: Arena resolved it to an empty stream_id", s.name);
+            return Err(Error::Invalid(format!(
+                "stream {}: Arena resolved it to an empty stream_id",
+                s.name
+            )));
         }
         let live = info
             .live_reward_ref()
             .with_context(|| format!("stream {}", s.name))?
-            .map(|r| RewardRef::new(r.key, r.version))
             .unwrap_or_default();
         let pinned = s.expected_reward_ref.clone();
-        if !pinned.key.is_empty() && pinned != live {
-            bail!(
-                "stream {} ({}) reward_ref drifted: pinned {}@{}, live {}",
-                s.name,
-                info.stream_id,
-                pinned.key,
-                pinned.version,
-                if live.is_empty() {
-                    "none".to_string()
-                } else {
-                    format!("{}@{}", live.key, live.version)
-                }
-            );
+        if let Some(drift) = reward_ref_drift(&pinned, Some(&live)) {
+            return Err(Error::RewardRefDrifted {
+                stream: s.name.clone(),
+                stream_id: info.stream_id.clone(),
+                drift,
+            });
         }
         let protocol = resolve_protocol(
             s.llm_protocol.map(LlmProtocol::as_str),

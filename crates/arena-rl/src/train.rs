@@ -9,9 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result};
 use reward_routing::{Group, RewardConfig};
 
+use crate::error::{Context as _, Result};
 use crate::journal::{RolloutRecord, SampleKey};
 
 mod grpo;

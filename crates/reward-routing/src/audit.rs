@@ -20,7 +20,8 @@ use stream_config::TaskStatus;
 
 use crate::error::{Error, Result};
 use crate::metrics::{Lifecycle, Metric, Scope};
-use crate::outcome::{RewardRef, RowMeta, TaskOutcome};
+use crate::outcome::{RowMeta, TaskOutcome};
+use stream_config::RewardRef;
 
 /// The reference's default for `arena_result_dump_max_bytes`: a larger `raw` is replaced by null.
 pub const DEFAULT_MAX_RAW_BYTES: u64 = 1_000_000;

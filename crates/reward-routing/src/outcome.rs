@@ -1,24 +1,10 @@
 //! The crate's own input types: the row a rollout ran, what Arena reported for its task, and what the proxy
 //! saw of the session. They hold plain fields so that the crate does not care how results were fetched.
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use stream_config::TaskStatus;
+use stream_config::{RewardRef, TaskStatus, UNKNOWN_TASK_TYPE, metric_task_type};
 
 use crate::metrics::Scope;
-
-/// The task type that metrics use when a row has none or an invalid one.
-pub const UNKNOWN_TASK_TYPE: &str = "unknown";
-
-/// A grader version `{key, version}`; both empty when the stream pins none.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RewardRef {
-    /// The grader key.
-    pub key: String,
-    /// The grader version.
-    pub version: String,
-}
 
 /// The dataset row a rollout ran, as far as rewards, metrics and audit records need it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -39,14 +25,6 @@ impl RowMeta {
     /// The task type as metric names use it: trimmed, or `unknown` when blank.
     pub fn metric_task_type(&self) -> &str {
         metric_task_type(&self.task_type)
-    }
-}
-
-/// A task type as metric names use it: trimmed, or `unknown` when blank.
-pub fn metric_task_type(task_type: &str) -> &str {
-    match task_type.trim() {
-        "" => UNKNOWN_TASK_TYPE,
-        trimmed => trimmed,
     }
 }
 

@@ -56,7 +56,10 @@ pub use schema::{
     NormConfig, NormLevel, ProxySection, ReasoningParser, RolloutSection, RunConfig, ToolCallParser,
 };
 pub use stream::{
-    RewardRef, STREAM_FIELDS, StreamConfig, load_stream_configs, load_stream_configs_with_env,
-    parse_stream_config,
+    ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, load_stream_configs,
+    load_stream_configs_with_env, parse_stream_config, reward_ref_drift,
 };
-pub use vocab::{LlmProtocol, RouteMode, TaskStatus};
+pub use vocab::{
+    LlmProtocol, RouteMode, TRANSIENT_403_MARKER, TaskStatus, UNKNOWN_TASK_TYPE, metric_task_type,
+    task_type_from_tags,
+};

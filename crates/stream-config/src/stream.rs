@@ -32,22 +32,40 @@ pub const STREAM_FIELDS: [&str; 9] = [
     "reward_transform_fn",
 ];
 
-/// A grader version pinned by `key` and `version`; both empty means "not pinned".
+/// A `key@version` reference to a versioned Arena object: a grader (see [`RewardRef`]) or a harness; both
+/// parts empty means "none" (for a reward ref: "not pinned").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RewardRef {
-    /// Reward (grader) key.
+pub struct ArenaRef {
+    /// The object's key.
     pub key: String,
-    /// Reward (grader) version.
+    /// The object's version.
     pub version: String,
 }
 
-impl RewardRef {
-    /// A pinned reference.
+/// A grader version pinned by `key` and `version`; both empty means "not pinned".
+pub type RewardRef = ArenaRef;
+
+impl ArenaRef {
+    /// A reference from its parts.
     pub fn new(key: impl Into<String>, version: impl Into<String>) -> Self {
         Self {
             key: key.into(),
             version: version.into(),
         }
+    }
+
+    /// Splits `key@version` at the first `@`; both parts must be non-empty.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (key, version) = text.split_once('@')?;
+        (!key.is_empty() && !version.is_empty()).then(|| Self::new(key, version))
+    }
+
+    /// Reads `{"key": .., "version": ..}` leniently: both non-empty strings, else `None`.
+    pub fn from_json(value: Option<&Value>) -> Option<Self> {
+        let v = value?;
+        let key = v.get("key")?.as_str()?;
+        let version = v.get("version")?.as_str()?;
+        (!key.is_empty() && !version.is_empty()).then(|| Self::new(key, version))
     }
 
     /// Neither key nor version is set.
@@ -56,10 +74,40 @@ impl RewardRef {
     }
 }
 
-impl fmt::Display for RewardRef {
+impl fmt::Display for ArenaRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}", self.key, self.version)
     }
+}
+
+/// A pinned reward ref that the stream's live one no longer matches (reference sections 2.5 and 4.1:
+/// checked at dataset load, by preflight, and before every launch of a pinned stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RewardRefDrift {
+    /// What the run pinned.
+    pub pinned: RewardRef,
+    /// What Arena reports as live, if anything.
+    pub live: Option<RewardRef>,
+}
+
+impl fmt::Display for RewardRefDrift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.live {
+            Some(live) if !live.is_empty() => write!(f, "pinned {}, live {live}", self.pinned),
+            _ => write!(f, "pinned {}, live none", self.pinned),
+        }
+    }
+}
+
+/// The drift check: `None` when nothing is pinned or the live ref equals the pin.
+pub fn reward_ref_drift(pinned: &RewardRef, live: Option<&RewardRef>) -> Option<RewardRefDrift> {
+    if pinned.is_empty() || live == Some(pinned) {
+        return None;
+    }
+    Some(RewardRefDrift {
+        pinned: pinned.clone(),
+        live: live.cloned(),
+    })
 }
 
 /// One validated Arena Stream (the reference's `ArenaStreamConfig`).

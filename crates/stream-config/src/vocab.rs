@@ -1,5 +1,6 @@
 //! Vocabulary shared by crates that may not depend on each other: harness protocols, route modes, task
-//! statuses.
+//! statuses, task types from `domain:` tags, and Arena's transient-403 marker (`key@version` references
+//! and the reward-ref drift check live beside the stream schema, in `stream.rs`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -234,3 +235,40 @@ impl<'de> Deserialize<'de> for TaskStatus {
 
 #[cfg(test)]
 mod tests;
+
+/// The task type of a row with none, or with an ambiguous one.
+pub const UNKNOWN_TASK_TYPE: &str = "unknown";
+
+/// A row's task type from its `tags`: exactly one distinct non-empty `domain:<x>`, else `unknown`.
+pub fn task_type_from_tags(tags: Option<&serde_json::Value>) -> String {
+    let Some(serde_json::Value::Array(tags)) = tags else {
+        return UNKNOWN_TASK_TYPE.to_string();
+    };
+    let mut domains = Vec::new();
+    for tag in tags {
+        let Some(tag) = tag.as_str() else {
+            return UNKNOWN_TASK_TYPE.to_string();
+        };
+        if let Some(domain) = tag.strip_prefix("domain:") {
+            let domain = domain.trim();
+            if !domain.is_empty() && !domains.contains(&domain) {
+                domains.push(domain);
+            }
+        }
+    }
+    match domains.as_slice() {
+        [one] => (*one).to_string(),
+        _ => UNKNOWN_TASK_TYPE.to_string(),
+    }
+}
+
+/// A task type as metric names use it: trimmed, or `unknown` when blank.
+pub fn metric_task_type(task_type: &str) -> &str {
+    match task_type.trim() {
+        "" => UNKNOWN_TASK_TYPE,
+        trimmed => trimmed,
+    }
+}
+
+/// The marker in a 403 body that Arena's gateway sends for a transient rejection (retried like a 429).
+pub const TRANSIENT_403_MARKER: &str = "spanner-http-ant-group-watch-all";

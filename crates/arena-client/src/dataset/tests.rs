@@ -1,25 +1,6 @@
-//! Tests of the tag parser and sharding.
-
-use serde_json::json;
+//! Tests of sharding.
 
 use super::*;
-
-fn check(tags: serde_json::Value, want: &str) {
-    assert_eq!(task_type_from_tags(Some(&tags)), want, "{tags}");
-}
-
-#[test]
-fn task_type_comes_from_exactly_one_domain() {
-    check(json!(["domain:swe", "lang:py"]), "swe");
-    check(json!(["domain: math ", "domain:math"]), "math");
-    check(json!(["lang:py"]), "unknown");
-    check(json!(["domain:swe", "domain:math"]), "unknown");
-    check(json!(["domain:swe", 3]), "unknown");
-    check(json!(["domain:  "]), "unknown");
-    check(json!({"domain": "swe"}), "unknown");
-    check(json!("domain:swe"), "unknown");
-    assert_eq!(task_type_from_tags(None), "unknown");
-}
 
 fn rows(n: usize) -> Dataset {
     Dataset::new(

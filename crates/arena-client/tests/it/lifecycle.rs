@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use arena_client::{
-    ArenaClient, ModelRegistration, RegistryOptions, RolloutReport, RolloutSpec, RouteRegistry, RouteSetup,
-    RunOptions,
+    ArenaClient, ModelRegistration, RegistryOptions, RewardRefCheck, RolloutReport, RolloutSpec, RouteRegistry,
+    RouteSetup, RunOptions,
 };
 use arena_sim::{ArenaSim, Endpoint, FaultKind, FaultRule, ScriptedOutcome, StreamDef};
 use secrecy::SecretString;
@@ -32,6 +32,7 @@ pub(crate) fn spec(data_id: &str, session: Option<&str>) -> RolloutSpec {
             timeout: Duration::from_secs(20),
             idempotency_key: None,
         },
+        reward_ref: RewardRefCheck::default(),
     }
 }
 
@@ -481,4 +482,34 @@ async fn arena_collects_idle_routes() {
     sim.add_fault(FaultRule::on(Endpoint::RenewModel, FaultKind::GcRoute).times(1));
     assert!(!client.renew_model("stream-areal-idle", None).await.unwrap());
     assert_eq!(sim.counters().gc_removals, 2);
+}
+
+fn session_setup(client: &ArenaClient) -> RouteSetup {
+    RouteSetup::SessionGateway {
+        registry: RouteRegistry::new(client.clone(), RegistryOptions::new(60.0).unwrap()),
+        llm_api_key: SecretString::from(LLM_KEY),
+    }
+}
+
+/// Arena registers the route, then the connection drops before the answer: in both route modes that
+/// register, the rollout fails at registration and the route it may have created is deleted.
+#[tokio::test]
+async fn a_registration_answered_by_a_dropped_connection_leaves_no_route() {
+    for mode in [RouteMode::Gateway, RouteMode::SessionGateway] {
+        let sim = start(world()).await;
+        let client = client(&sim);
+        sim.add_fault(FaultRule::on(Endpoint::RegisterModel, FaultKind::Drop));
+        let setup = match mode {
+            RouteMode::Gateway => gateway(),
+            _ => session_setup(&client),
+        };
+        let report = client.run_rollout(&setup, &spec("r1", Some("9:0-0"))).await;
+        assert_eq!(report.registration, Some(false), "{mode}");
+        assert!(report.result.is_err(), "{mode}");
+        assert!(!report.launch_attempted, "{mode}");
+        assert!(sim.counters().registrations >= 1, "{mode}: the POST reached Arena");
+        assert!(sim.counters().deletions >= 1, "{mode}: the guard deleted it");
+        assert!(sim.routes().is_empty(), "{mode}: no route left: {:?}", sim.routes());
+        assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty(), "{mode}");
+    }
 }

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use crate::error::{Context as _, Error, Result};
 use arena_sim::tasks::{TaskFamily, TaskInstance, ToolCall, assistant_turn, tool_results};
 use rollout_proxy::messages::for_template;
 use rollout_proxy::template::{ChatTemplate, RenderOptions};
@@ -164,7 +164,7 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
 /// The quickstart template, compiled as the proxy compiles it.
 pub fn chat_template() -> Result<ChatTemplate> {
     ChatTemplate::new(CHAT_TEMPLATE, None, Some(IM_END.to_string()))
-        .map_err(|e| anyhow!("the quickstart chat template does not compile: {e}"))
+        .map_err(|e| Error::failed("the quickstart chat template does not compile", e))
 }
 
 /// One stretch of a conversation as the proxy tokenises it.
@@ -198,14 +198,16 @@ pub fn segments(
                     extra: None,
                 },
             )
-            .map_err(|e| anyhow!("rendering a conversation with the quickstart template: {e}"))
+            .map_err(|e| Error::failed("rendering a conversation with the quickstart template", e))
     };
     let turn_end = template
         .assistant_turn_end()
-        .ok_or_else(|| anyhow!("the quickstart template has no assistant turn end"))?;
-    let close = turn_end
-        .strip_prefix(IM_END)
-        .ok_or_else(|| anyhow!("the quickstart template's assistant turns do not end with {IM_END}"))?;
+        .ok_or_else(|| Error::Invalid("the quickstart template has no assistant turn end".into()))?;
+    let close = turn_end.strip_prefix(IM_END).ok_or_else(|| {
+        Error::Invalid(format!(
+            "the quickstart template's assistant turns do not end with {IM_END}"
+        ))
+    })?;
     let mut out = Vec::new();
     let mut done = 0usize;
     let mut pending_close = "";
@@ -216,11 +218,15 @@ pub fn segments(
         let prompt = render(i, true)?;
         let with_turn = render(i + 1, false)?;
         let (Some(new), Some(turn)) = (prompt.get(done..), with_turn.strip_prefix(prompt.as_str())) else {
-            bail!("the quickstart template does not render earlier turns as a prefix of later ones");
+            return Err(Error::Invalid(
+                "the quickstart template does not render earlier turns as a prefix of later ones".into(),
+            ));
         };
-        let text = turn
-            .strip_suffix(turn_end)
-            .ok_or_else(|| anyhow!("assistant turn {i} does not end with the template's turn end"))?;
+        let text = turn.strip_suffix(turn_end).ok_or_else(|| {
+            Error::Invalid(format!(
+                "assistant turn {i} does not end with the template's turn end"
+            ))
+        })?;
         out.push(Segment::Prompt(format!("{pending_close}{new}")));
         out.push(Segment::Output(text.to_string()));
         done = with_turn.len();
@@ -297,7 +303,7 @@ pub fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<String> {
         SplitDelimiterBehavior::Isolated,
         false,
     )
-    .map_err(|e| anyhow!("building the tokenizer's identifier split: {e}"))?;
+    .map_err(|e| Error::failed("building the tokenizer's identifier split", e))?;
     let pre_tokenizer = Sequence::new(vec![
         letter_before_digit.into(),
         Digits::new(true).into(),
@@ -310,11 +316,11 @@ pub fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<String> {
         .with_post_processor(None)
         .with_decoder(Some(ByteLevel::default().into()))
         .build()
-        .map_err(|e| anyhow!("building the tokenizer: {e}"))?;
+        .map_err(|e| Error::failed("building the tokenizer", e))?;
     // Registered before training so that the corpus's special tokens are cut out, not learned as text.
     tokenizer
         .add_special_tokens(specials.clone())
-        .map_err(|e| anyhow!("registering the special tokens: {e}"))?;
+        .map_err(|e| Error::failed("registering the special tokens", e))?;
     let mut trainer = BpeTrainerBuilder::new()
         .vocab_size(vocab_size)
         .min_frequency(2)
@@ -324,10 +330,10 @@ pub fn train_tokenizer(texts: &[String], vocab_size: usize) -> Result<String> {
         .build();
     tokenizer
         .train(&mut trainer, texts.iter())
-        .map_err(|e| anyhow!("training the tokenizer: {e}"))?;
+        .map_err(|e| Error::failed("training the tokenizer", e))?;
     tokenizer
         .to_string(true)
-        .map_err(|e| anyhow!("serialising the tokenizer: {e}"))
+        .map_err(|e| Error::failed("serialising the tokenizer", e))
 }
 
 /// What [`build`] made.
@@ -347,26 +353,32 @@ const STAMP: &str = "quickstart-policy.json";
 pub fn build(spec: &PolicySpec, dir: &Path) -> Result<BuiltPolicy> {
     let problems = spec.problems();
     if !problems.is_empty() {
-        bail!("the quickstart policy spec is invalid: {}", problems.join("; "));
+        return Err(Error::Invalid(format!(
+            "the quickstart policy spec is invalid: {}",
+            problems.join("; ")
+        )));
     }
     let texts = corpus(spec.seed, spec.corpus_conversations)?;
     let tokenizer_json = train_tokenizer(&texts, spec.vocab_size)?;
     let tokenizer = rollout_proxy::tokenizer::Tokenizer::from_bytes(tokenizer_json.as_bytes())
-        .map_err(|e| anyhow!("the trained tokenizer does not load: {e}"))?;
+        .map_err(|e| Error::failed("the trained tokenizer does not load", e))?;
     let eos = tokenizer
         .token_to_id(IM_END)
-        .ok_or_else(|| anyhow!("the trained tokenizer has no {IM_END}"))?;
+        .ok_or_else(|| Error::Invalid(format!("the trained tokenizer has no {IM_END}")))?;
     let pad = tokenizer.token_to_id(ENDOFTEXT);
     let config = spec.model_config(tokenizer.vocab_size(), eos, pad);
     let problems = config.check();
     if !problems.is_empty() {
-        bail!("the quickstart model config is invalid: {}", problems.join("; "));
+        return Err(Error::Invalid(format!(
+            "the quickstart model config is invalid: {}",
+            problems.join("; ")
+        )));
     }
     let model = CausalLm::<Cpu>::init(&config, spec.init_std, spec.seed, &Default::default());
     let weights = Weights::from_model(&model);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     trainer::save_pretrained(dir, &config, &weights, SaveDtype::F32, None)
-        .map_err(|e| anyhow!("writing the quickstart policy to {}: {e}", dir.display()))?;
+        .map_err(|e| Error::failed(format!("writing the quickstart policy to {}", dir.display()), e))?;
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
@@ -401,10 +413,10 @@ pub fn ensure(spec: &PolicySpec, root: &Path) -> Result<BuiltPolicy> {
         && serde_json::from_str::<PolicySpec>(&text).is_ok_and(|s| &s == spec)
     {
         let config = ModelConfig::from_file(&dir.join("config.json")).map_err(|e| {
-            anyhow!(
+            Error::Invalid(format!(
                 "the cached quickstart policy {} is unreadable: {e}",
                 dir.display()
-            )
+            ))
         })?;
         return Ok(BuiltPolicy {
             dir,

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use crate::error::{Context as _, Error, Result};
 use arena_sim::tasks::{TaskFamily, TaskInstance};
 use rollout_proxy::{
     ChatModel, EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, ProxyConfig,
@@ -165,22 +165,24 @@ const MAX_TOKENS: u32 = 64;
 pub async fn transcripts(model_dir: &Path, spec: &TranscriptSpec) -> Result<Vec<Transcript>> {
     let model = Arc::new(
         ChatModel::from_dir(model_dir)
-            .map_err(|e| anyhow!("loading the policy folder {}: {e}", model_dir.display()))?,
+            .map_err(|e| Error::failed(format!("loading the policy folder {}", model_dir.display()), e))?,
     );
-    let stop = *model
-        .stop_token_ids
-        .first()
-        .ok_or_else(|| anyhow!("the policy folder {} has no stop token", model_dir.display()))?;
+    let stop = *model.stop_token_ids.first().ok_or_else(|| {
+        Error::Invalid(format!(
+            "the policy folder {} has no stop token",
+            model_dir.display()
+        ))
+    })?;
     let config = trainer::ModelConfig::from_file(&model_dir.join("config.json"))
-        .map_err(|e| anyhow!("reading {}: {e}", model_dir.join("config.json").display()))?;
+        .map_err(|e| Error::failed(format!("reading {}", model_dir.join("config.json").display()), e))?;
     let teacher = Arc::new(TeacherEngine::new(stop, config.max_position_embeddings));
     let key: [u8; 24] = rand::random();
     let admin = SecretString::from(key.iter().map(|b| format!("{b:02x}")).collect::<String>());
     let state = ProxyState::new(ProxyConfig::new(admin.clone()), model.clone(), teacher.clone())
-        .map_err(|e| anyhow!("starting the warm-up proxy: {e}"))?;
+        .map_err(|e| Error::failed("starting the warm-up proxy", e))?;
     let server = ProxyServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), state)
         .await
-        .map_err(|e| anyhow!("starting the warm-up proxy: {e}"))?;
+        .map_err(|e| Error::failed("starting the warm-up proxy", e))?;
     let base = format!("http://{}", server.local_addr());
     let result = write_all(&base, admin, &model, &teacher, spec).await;
     let _ = server.shutdown().await;
@@ -238,7 +240,7 @@ async fn one(
                 model
                     .tokenizer
                     .encode(&text)
-                    .map_err(|e| anyhow!("tokenising {text:?}: {e}"))?,
+                    .map_err(|e| Error::failed(format!("tokenising {text:?}"), e))?,
             );
         }
     }
@@ -254,18 +256,20 @@ async fn one(
     }
     control.end(&session.id).await?;
     // The reward is irrelevant to a supervised transcript; setting one keeps the proxy from warning.
-    let export = control.export(&session.id, "concat", 1.0, Some(0.0)).await?;
+    let export = control
+        .export(&session.id, rollout_proxy::ExportStyle::Concat, 1.0, Some(0.0))
+        .await?;
     let [trajectory] = export.trajectories.as_slice() else {
-        bail!(
+        return Err(Error::Invalid(format!(
             "the proxy exported {} trajectories for one conversation; the template does not extend turns token by token",
             export.trajectories.len()
-        );
+        )));
     };
     let trained = trajectory.loss_mask.iter().filter(|&&m| m == 1).count();
     if trained < turns * 2 {
-        bail!(
+        return Err(Error::Invalid(format!(
             "the exported conversation trains {trained} tokens, fewer than its {turns} assistant turns need"
-        );
+        )));
     }
     Ok(Transcript {
         protocol,
@@ -295,13 +299,19 @@ async fn send(
             .post(format!("{base}/v1/chat/completions"))
             .bearer_auth(key.expose_secret())
             .json(&json!({"model": "policy", "max_tokens": MAX_TOKENS, "messages": history, "tools": tools})),
-        LlmProtocol::Responses => bail!("the warm-up does not write Responses conversations"),
+        LlmProtocol::Responses => {
+            return Err(Error::Invalid(
+                "the warm-up does not write Responses conversations".into(),
+            ));
+        }
     };
     let response = request.send().await.context("the warm-up proxy did not answer")?;
     let status = response.status();
     if !status.is_success() {
         let body = response.text().await.unwrap_or_default();
-        bail!("the warm-up proxy answered HTTP {status}: {body}");
+        return Err(Error::Invalid(format!(
+            "the warm-up proxy answered HTTP {status}: {body}"
+        )));
     }
     Ok(())
 }
@@ -404,7 +414,9 @@ fn supervised(
     progress: bool,
 ) -> Result<(f64, f64)> {
     if data.is_empty() || settings.batch_size == 0 {
-        bail!("the warm-up needs at least one conversation and a batch size of at least 1");
+        return Err(Error::Invalid(
+            "the warm-up needs at least one conversation and a batch size of at least 1".into(),
+        ));
     }
     let config = TrainConfig {
         schedule: LrSchedule {
@@ -416,8 +428,12 @@ fn supervised(
         },
         ..TrainConfig::default()
     };
-    let mut trainer = Trainer::load(initial, config, TrainerOptions::default())
-        .map_err(|e| anyhow!("starting the warm-up trainer on {}: {e}", initial.display()))?;
+    let mut trainer = Trainer::load(initial, config, TrainerOptions::default()).map_err(|e| {
+        Error::failed(
+            format!("starting the warm-up trainer on {}", initial.display()),
+            e,
+        )
+    })?;
     let sequences: Vec<SftSequence> = data
         .iter()
         .map(|t| SftSequence {
@@ -443,13 +459,14 @@ fn supervised(
         }
         let stats = trainer
             .sft_step(&batch)
-            .map_err(|e| anyhow!("warm-up step {step}: {e}"))?;
+            .map_err(|e| Error::failed(format!("warm-up step {step}"), e))?;
         losses.push(stats.loss);
         bar.set_message(format!("loss {:.3}", stats.loss));
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let folder = ModelFolder::open(initial).map_err(|e| anyhow!("{e}"))?;
+    let folder =
+        ModelFolder::open(initial).map_err(|e| Error::failed("opening the warm-up policy folder", e))?;
     let _ = std::fs::remove_dir_all(out);
     save_pretrained(
         out,
@@ -458,10 +475,10 @@ fn supervised(
         SaveDtype::F32,
         None,
     )
-    .map_err(|e| anyhow!("saving the warmed-up policy to {}: {e}", out.display()))?;
+    .map_err(|e| Error::failed(format!("saving the warmed-up policy to {}", out.display()), e))?;
     folder
         .copy_tokenizer_files(out)
-        .map_err(|e| anyhow!("copying the tokenizer into {}: {e}", out.display()))?;
+        .map_err(|e| Error::failed(format!("copying the tokenizer into {}", out.display()), e))?;
     let tenth = (losses.len() / 10).max(1);
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     Ok((mean(&losses[..tenth]), mean(&losses[losses.len() - tenth..])))

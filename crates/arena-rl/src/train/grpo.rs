@@ -9,14 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result, anyhow};
 use stream_config::RunConfig;
-use trainer::{
-    AdamWConfig, AdvNorm, DeviceKind, KlEstimator, LossAggregation, LrSchedule, NormLevel, PpoConfig,
-    RlBatch, SaveDtype, ScheduleKind, TrainConfig, TrainSequence, Trainer, TrainerOptions,
-};
+use trainer::{RlBatch, SaveDtype, TrainConfig, TrainSequence, Trainer, TrainerOptions};
 
 use super::{NewWeights, StepOutput, TrainBatch, TrainStep};
+use crate::error::{Context as _, Error, Result};
+use crate::run::settings;
 
 /// Where new weights go after each step.
 #[derive(Debug, Clone)]
@@ -48,78 +46,11 @@ fn warn_after_skips(n: u64) -> bool {
     n >= 10 && 10u64.pow(n.ilog10()) == n
 }
 
-fn level(l: stream_config::NormLevel) -> NormLevel {
-    match l {
-        stream_config::NormLevel::Batch => NormLevel::Batch,
-        stream_config::NormLevel::Group => NormLevel::Group,
-    }
-}
-
 impl GrpoStep {
-    /// The step a run config describes: `model.path`, the `actor` section's objective, optimiser, schedule,
-    /// micro-batching and device, and `gconfig.temperature` for the log-probabilities.
+    /// The step a run config describes: `model.path`, the trainer's settings
+    /// ([`settings::train_config`], [`settings::trainer_options`]) and where new weights go.
     /// Nothing is loaded until [`TrainStep::begin`].
     pub fn from_run_config(config: &RunConfig, run_dir: &Path) -> Result<Self> {
-        let a = &config.actor;
-        let device: DeviceKind = a
-            .device
-            .parse()
-            .map_err(|e| anyhow!("actor.device {:?}: {e}", a.device))?;
-        let temperature = if config.gconfig.temperature > 0.0 {
-            config.gconfig.temperature
-        } else {
-            // Greedy sampling reports the untempered log-probabilities.
-            1.0
-        };
-        let train = TrainConfig {
-            schedule: LrSchedule {
-                lr: a.lr,
-                kind: match a.lr_scheduler_type {
-                    stream_config::LrSchedulerType::Constant => ScheduleKind::Constant,
-                    stream_config::LrSchedulerType::Linear => ScheduleKind::Linear,
-                    stream_config::LrSchedulerType::Cosine => ScheduleKind::Cosine,
-                },
-                warmup_steps: 0,
-                total_steps: 1,
-                min_lr_ratio: a.min_lr_ratio,
-            },
-            adamw: AdamWConfig {
-                beta1: a.beta1,
-                beta2: a.beta2,
-                eps: a.adam_eps,
-                weight_decay: a.weight_decay,
-            },
-            gradient_clipping: a.gradient_clipping,
-            max_tokens_per_mb: usize::try_from(a.max_tokens_per_mb).unwrap_or(usize::MAX),
-            aggregation: match a.loss_agg_mode {
-                stream_config::LossAggMode::TokenMean => LossAggregation::TokenMean,
-                stream_config::LossAggMode::SeqMeanTokenMean => LossAggregation::SeqMeanTokenMean,
-            },
-            ppo: PpoConfig {
-                eps_clip: a.eps_clip,
-                eps_clip_higher: a.eps_clip_higher,
-                c_clip: a.c_clip,
-                use_decoupled_loss: a.use_decoupled_loss,
-                recompute_logprob: a.recompute_logprob,
-                behav_imp_weight_cap: a.behav_imp_weight_cap,
-                kl_ctl: a.kl_ctl,
-                kl_estimator: match a.kl_estimator {
-                    stream_config::KlEstimator::K1 => KlEstimator::K1,
-                    stream_config::KlEstimator::K2 => KlEstimator::K2,
-                    stream_config::KlEstimator::K3 => KlEstimator::K3,
-                },
-                entropy_coeff: a.entropy_coeff,
-                adv_norm: a.adv_norm.as_ref().map(|n| AdvNorm {
-                    mean_level: n.mean_level.map(level),
-                    mean_leave1out: n.mean_leave1out,
-                    std_level: n.std_level.map(level),
-                    std_unbiased: n.std_unbiased,
-                    eps: n.eps,
-                    group_size: n.group_size as usize,
-                }),
-                temperature,
-            },
-        };
         let publish = if config.rollout.policy_servers.is_empty() {
             Publish::InMemory
         } else {
@@ -130,12 +61,9 @@ impl GrpoStep {
         };
         Ok(Self {
             model_dir: PathBuf::from(&config.model.path),
-            config: train,
-            warmup_steps_proportion: a.warmup_steps_proportion,
-            options: TrainerOptions {
-                device,
-                bf16_autocast: a.bf16_autocast,
-            },
+            config: settings::train_config(config),
+            warmup_steps_proportion: config.actor.warmup_steps_proportion,
+            options: settings::trainer_options(config)?,
             publish,
             trainer: None,
             skipped_in_a_row: 0,
@@ -143,9 +71,7 @@ impl GrpoStep {
     }
 
     fn trainer(&mut self) -> Result<&mut Trainer> {
-        self.trainer
-            .as_mut()
-            .ok_or_else(|| anyhow!("the GRPO step was used before the loop began it"))
+        self.trainer.as_mut().ok_or_else(not_begun)
     }
 
     /// Writes the current weights as a Hugging Face folder for the policy servers, keeping the newest few.
@@ -159,12 +85,16 @@ impl GrpoStep {
             &trainer.weights(),
             SaveDtype::F32,
             None,
-        )?;
-        trainer::ModelFolder::open(&self.model_dir)?.copy_tokenizer_files(&tmp)?;
+        )
+        .with_context(|| format!("cannot save weights to {}", tmp.display()))?;
+        trainer::ModelFolder::open(&self.model_dir)
+            .and_then(|folder| folder.copy_tokenizer_files(&tmp))
+            .with_context(|| format!("cannot copy the tokenizer into {}", tmp.display()))?;
         let _ = std::fs::remove_dir_all(&out);
         std::fs::rename(&tmp, &out)
             .with_context(|| format!("cannot publish weights to {}", out.display()))?;
-        let mut old: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
+        let mut old: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot list {}", dir.display()))?
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -180,10 +110,7 @@ impl GrpoStep {
     }
 
     fn weights_out(&self) -> Result<NewWeights> {
-        let trainer = self
-            .trainer
-            .as_ref()
-            .ok_or_else(|| anyhow!("the GRPO step was used before the loop began it"))?;
+        let trainer = self.trainer.as_ref().ok_or_else(not_begun)?;
         Ok(match &self.publish {
             Publish::InMemory => NewWeights::InMemory(trainer.weights()),
             Publish::OnDisk { dir, keep } => NewWeights::OnDisk(self.publish_to_disk(trainer, dir, *keep)?),
@@ -269,8 +196,9 @@ impl TrainStep for GrpoStep {
     }
 
     fn save(&mut self, dir: &Path) -> Result<()> {
-        self.trainer()?.save_state(dir)?;
-        Ok(())
+        self.trainer()?
+            .save_state(dir)
+            .with_context(|| format!("saving the trainer into {}", dir.display()))
     }
 
     fn load(&mut self, dir: &Path) -> Result<NewWeights> {
@@ -280,6 +208,10 @@ impl TrainStep for GrpoStep {
             .with_context(|| format!("restoring the trainer from {}", dir.display()))?;
         self.weights_out()
     }
+}
+
+fn not_begun() -> Error {
+    Error::Invalid("the GRPO step was used before the loop began it".into())
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::Result;
+use arena_rl::Result;
+use arena_rl::error::Context as _;
 use arena_rl::journal::{Entry, SampleKey, Verdict};
 use arena_rl::run::{Plugins, train};
 use arena_rl::train::{NewWeights, StepOutput, TrainBatch, TrainStep};
@@ -35,12 +36,13 @@ impl TrainStep for Recording {
     }
 
     fn save(&mut self, dir: &Path) -> Result<()> {
-        std::fs::write(dir.join("consumed.json"), serde_json::to_vec(&self.consumed)?)?;
-        Ok(())
+        let json = serde_json::to_vec(&self.consumed).context("serialising the consumed rollouts")?;
+        std::fs::write(dir.join("consumed.json"), json).context("writing consumed.json")
     }
 
     fn load(&mut self, dir: &Path) -> Result<NewWeights> {
-        self.consumed = serde_json::from_slice(&std::fs::read(dir.join("consumed.json"))?)?;
+        let json = std::fs::read(dir.join("consumed.json")).context("reading consumed.json")?;
+        self.consumed = serde_json::from_slice(&json).context("parsing consumed.json")?;
         Ok(NewWeights::Unchanged)
     }
 }

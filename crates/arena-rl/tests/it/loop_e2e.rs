@@ -416,7 +416,8 @@ async fn live_reward_ref_drift_rejects_before_launch_8_2_23() {
     sim.set_reward_ref("sim-chat", Some(arena_sim::RefDef::new("sim-grader", "2")));
     let collected = run
         .collect(0, reward_routing::Scope::Rollout, &Default::default())
-        .await;
+        .await
+        .expect("the journal is writable");
     let record = &collected.groups[0].records[0];
     match &record.verdict {
         arena_rl::journal::Verdict::Rejected { message, .. } => {
@@ -425,7 +426,7 @@ async fn live_reward_ref_drift_rejects_before_launch_8_2_23() {
         other => panic!("expected a rejection, got {other:?}"),
     }
     assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty());
-    run.workflow.close().await;
+    run.workflow.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,7 +454,8 @@ async fn a_row_loaded_under_another_reward_ref_is_rejected_before_launch_8_2_22(
     let (record, _) = run
         .workflow
         .run_sample(key, &row, reward_routing::Scope::Rollout)
-        .await;
+        .await
+        .expect("the journal is writable");
     match &record.verdict {
         arena_rl::journal::Verdict::Rejected { message, .. } => {
             assert!(message.contains("reward_ref mismatch for row"), "{message}");
@@ -464,5 +466,5 @@ async fn a_row_loaded_under_another_reward_ref_is_rejected_before_launch_8_2_22(
     }
     // Nothing reached Arena for it: no route, no launch.
     assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty());
-    assert!(run.workflow.close().await.is_empty());
+    assert!(run.workflow.close().await.unwrap().is_empty());
 }

@@ -85,6 +85,7 @@ async fn rollout(
             timeout: Duration::from_secs(180),
             idempotency_key: None,
         },
+        reward_ref: Default::default(),
     };
     let report = match mode {
         Mode::SessionGateway(inbound) => {

@@ -94,6 +94,7 @@ async fn session_rollout(
             timeout: Duration::from_secs(60),
             idempotency_key: None,
         },
+        reward_ref: Default::default(),
     };
     let setup = RouteSetup::SessionGateway {
         registry: registry.clone(),
@@ -269,6 +270,7 @@ async fn in_direct_mode_the_harness_calls_the_model_itself() {
         gateway_key: None,
         session_token: None,
         run: RunOptions::default(),
+        reward_ref: Default::default(),
     };
     let result = done(client(&sim).run_rollout(&RouteSetup::Direct, &spec).await);
     let expected = (1.0 - f64::from(task.target()) / 4.0).max(0.0);

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 use stream_config::TaskStatus;
 
 use super::*;
-use crate::outcome::RewardRef;
+use stream_config::RewardRef;
 
 const CLAUDE_TEXT: &str =
     "harness: harness agent phase exited with code 1; harness: agent phase error: claude reported error";

@@ -369,3 +369,31 @@ fn debug_output_withholds_task_env_values() {
     );
     assert!(shown.contains("arena_request_timeout"), "{shown}");
 }
+
+#[test]
+fn references_parse_at_the_first_at_sign() {
+    assert_eq!(
+        ArenaRef::parse("claude-code@1@beta"),
+        Some(ArenaRef::new("claude-code", "1@beta"))
+    );
+    assert_eq!(ArenaRef::parse("claude-code"), None);
+    assert_eq!(ArenaRef::parse("@1"), None);
+    assert_eq!(ArenaRef::parse("claude-code@"), None);
+    let json = serde_json::json!({"key": "g", "version": "2"});
+    assert_eq!(ArenaRef::from_json(Some(&json)), Some(ArenaRef::new("g", "2")));
+    let blank = serde_json::json!({"key": "g", "version": ""});
+    assert_eq!(ArenaRef::from_json(Some(&blank)), None);
+    assert_eq!(ArenaRef::new("g", "2").to_string(), "g@2");
+}
+
+#[test]
+fn drift_is_only_a_pin_that_the_live_ref_does_not_match() {
+    let pin = RewardRef::new("grader", "1");
+    assert_eq!(reward_ref_drift(&RewardRef::default(), None), None);
+    assert_eq!(reward_ref_drift(&RewardRef::default(), Some(&pin)), None);
+    assert_eq!(reward_ref_drift(&pin, Some(&pin)), None);
+    let moved = reward_ref_drift(&pin, Some(&RewardRef::new("grader", "2"))).expect("drifted");
+    assert_eq!(moved.to_string(), "pinned grader@1, live grader@2");
+    let gone = reward_ref_drift(&pin, None).expect("drifted");
+    assert_eq!(gone.to_string(), "pinned grader@1, live none");
+}

@@ -1,4 +1,4 @@
-//! Shared vocabulary: protocol inference and task status sets.
+//! Shared vocabulary: protocol inference, task status sets and task types from tags.
 
 use super::*;
 
@@ -53,4 +53,28 @@ fn unsupported_protocol_names_the_value() {
         err.contains("unsupported llm_protocol") && err.contains("gemini"),
         "{err}"
     );
+}
+
+fn check_tags(tags: serde_json::Value, want: &str) {
+    assert_eq!(task_type_from_tags(Some(&tags)), want, "{tags}");
+}
+
+#[test]
+fn task_type_comes_from_exactly_one_domain() {
+    check_tags(serde_json::json!(["domain:swe", "lang:py"]), "swe");
+    check_tags(serde_json::json!(["domain: math ", "domain:math"]), "math");
+    check_tags(serde_json::json!(["lang:py"]), "unknown");
+    check_tags(serde_json::json!(["domain:swe", "domain:math"]), "unknown");
+    check_tags(serde_json::json!(["domain:swe", 3]), "unknown");
+    check_tags(serde_json::json!(["domain:  "]), "unknown");
+    check_tags(serde_json::json!({"domain": "swe"}), "unknown");
+    check_tags(serde_json::json!("domain:swe"), "unknown");
+    assert_eq!(task_type_from_tags(None), "unknown");
+}
+
+
+#[test]
+fn metric_task_types_are_trimmed_or_unknown() {
+    assert_eq!(metric_task_type(" swe "), "swe");
+    assert_eq!(metric_task_type("  "), UNKNOWN_TASK_TYPE);
 }

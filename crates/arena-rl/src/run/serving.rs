@@ -1,0 +1,99 @@
+//! The engine that serves rollouts (the in-process burn policy, the fake engine, or a pool of SGLang-protocol
+//! policy servers) and how a training step's new weights reach it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rollout_proxy::{
+    ChatModel, FakeEngine, FakeEngineConfig, InferenceEngine, SglangConfig, SglangEngine, WeightUpdate,
+};
+use stream_config::{ModelEngine, RunConfig};
+
+use crate::engine::PolicyEngine;
+use crate::error::{Context as _, Error, Result};
+use crate::pool::EnginePool;
+use crate::train::NewWeights;
+
+/// The engine that serves rollouts, and how new weights reach it.
+#[derive(Clone)]
+pub struct EngineHandle {
+    /// What the proxy generates with.
+    pub engine: Arc<dyn InferenceEngine>,
+    /// The in-process policy, when there is one (in-memory weight swaps).
+    pub policy: Option<PolicyEngine>,
+}
+
+impl EngineHandle {
+    /// Installs `weights` as `version`.
+    pub async fn publish(&self, weights: NewWeights, version: u64) -> Result<()> {
+        match weights {
+            NewWeights::Unchanged => Ok(()),
+            NewWeights::InMemory(w) => {
+                let Some(policy) = &self.policy else {
+                    return Err(Error::Invalid(
+                        "the training step returned weights in memory, but the policy runs on policy servers; \
+                         it must save them to disk"
+                            .into(),
+                    ));
+                };
+                policy
+                    .swap(w, version)
+                    .await
+                    .map(|_| ())
+                    .with_context(|| format!("installing the weights of version {version}"))
+            }
+            NewWeights::OnDisk(path) => self
+                .engine
+                .update_weights_from_disk(WeightUpdate {
+                    path: path.clone(),
+                    version: u32::try_from(version).ok(),
+                })
+                .await
+                .with_context(|| format!("cannot load the new weights from {}", path.display())),
+        }
+    }
+}
+
+/// The engine the config asks for: policy servers (`rollout.policy_servers`), else `model.engine`.
+pub(crate) async fn build_engine(config: &RunConfig, model: &ChatModel, dir: &Path) -> Result<EngineHandle> {
+    if !config.rollout.policy_servers.is_empty() {
+        let mut engines: Vec<Arc<dyn InferenceEngine>> = Vec::new();
+        for url in &config.rollout.policy_servers {
+            let engine = SglangEngine::connect(SglangConfig::new(url.clone()))
+                .await
+                .with_context(|| format!("cannot reach the policy server {url} (rollout.policy_servers)"))?;
+            engines.push(Arc::new(engine));
+        }
+        return Ok(EngineHandle {
+            engine: Arc::new(EnginePool::new(engines)),
+            policy: None,
+        });
+    }
+    match config.model.engine {
+        ModelEngine::Fake => {
+            let vocab_end = u32::try_from(model.tokenizer.vocab_size())
+                .unwrap_or(u32::MAX)
+                .min(32_000);
+            Ok(EngineHandle {
+                engine: Arc::new(FakeEngine::new(FakeEngineConfig {
+                    vocab: 100.min(vocab_end.saturating_sub(1))..vocab_end,
+                    eos_token: model.stop_token_ids.first().copied(),
+                    record: false,
+                    ..FakeEngineConfig::default()
+                })),
+                policy: None,
+            })
+        }
+        ModelEngine::Burn => {
+            let dir = dir.to_path_buf();
+            let max_batch = config.model.max_batch as usize;
+            let policy = tokio::task::spawn_blocking(move || PolicyEngine::load(&dir, max_batch))
+                .await
+                .context("loading the policy")??;
+            Ok(EngineHandle {
+                engine: Arc::new(policy.clone()),
+                policy: Some(policy),
+            })
+        }
+    }
+}

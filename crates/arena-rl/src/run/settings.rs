@@ -1,0 +1,237 @@
+//! Pure functions from a [`RunConfig`] to each component's own config: the Arena client's, the proxy's, the
+//! route registry's, reward-routing's and the trainer's. These mappings are the seam between the one config
+//! format (`stream-config`) and crates that know nothing of it; they read the config and nothing else.
+
+use std::time::Duration;
+
+use arena_client::{ClientConfig, RegistryOptions, RetryPolicy};
+use reward_routing::{GroupSettings, RewardConfig};
+use rollout_proxy::{ProxyConfig, ReasoningFormat, SessionLimits, ToolCallFormat};
+use secrecy::SecretString;
+use stream_config::{Env, RunConfig};
+use trainer::{
+    AdamWConfig, AdvNorm, DeviceKind, KlEstimator, LossAggregation, LrSchedule, PpoConfig, ScheduleKind,
+    TrainConfig, TrainerOptions,
+};
+
+use crate::error::{Context as _, Error, Result};
+
+/// Seconds from the config as a `Duration` (negative values mean zero).
+pub(crate) fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// The Arena client: `econfig.arena_base_url`, request timeout, poll interval and retries, with the token
+/// and the optional `ARENA_LLM_BASE_URL` from the environment.
+pub fn client_config(config: &RunConfig, env: &Env) -> Result<ClientConfig> {
+    let token = env
+        .get("ARENA_OPENAPI_TOKEN")
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Error::Invalid("ARENA_OPENAPI_TOKEN is required (the Arena OpenAPI token)".into()))?;
+    let base = &config.econfig.arena_base_url;
+    if base.trim().is_empty() {
+        return Err(Error::Invalid(
+            "econfig.arena_base_url is required (ARENA_OPENAPI_BASE also sets it)".into(),
+        ));
+    }
+    let mut client =
+        ClientConfig::new(base, SecretString::from(token.to_string())).context("econfig.arena_base_url")?;
+    client.timeout = secs(config.econfig.arena_request_timeout);
+    client.poll_interval = secs(config.econfig.arena_poll_interval);
+    client.retry = RetryPolicy {
+        retries: config.econfig.arena_request_retries,
+        ..RetryPolicy::default()
+    };
+    if let Some(url) = env.get("ARENA_LLM_BASE_URL").filter(|u| !u.trim().is_empty()) {
+        client.llm_base_url = Some(arena_client::validate_llm_base_url(url).context("ARENA_LLM_BASE_URL")?);
+    }
+    Ok(client)
+}
+
+/// The deadline of each route registration, probe and deletion (`econfig.arena_registration_timeout`).
+pub fn registration_timeout(config: &RunConfig) -> Duration {
+    secs(config.econfig.arena_registration_timeout)
+}
+
+/// The session-gateway registry's options (a persistent, worker-lifetime registry).
+pub fn registry_options(config: &RunConfig) -> Result<RegistryOptions> {
+    let mut options = RegistryOptions::new(config.econfig.arena_registration_probe_interval)
+        .context("econfig.arena_registration_probe_interval")?;
+    options.registration_timeout = registration_timeout(config);
+    options.persistent = true;
+    options.inbound_protos = config.econfig.arena_inbound_protos.clone();
+    Ok(options)
+}
+
+/// The rollout proxy: parsers, preprocessors, session limits, export wait and default output budget.
+pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig {
+    let mut proxy = ProxyConfig::new(admin_key);
+    proxy.tool_calls = match config.proxy.tool_call_parser {
+        stream_config::ToolCallParser::Hermes => ToolCallFormat::Hermes,
+        stream_config::ToolCallParser::Qwen3Coder => ToolCallFormat::Qwen3Coder,
+        stream_config::ToolCallParser::None => ToolCallFormat::None,
+    };
+    proxy.reasoning = match config.proxy.reasoning_parser {
+        stream_config::ReasoningParser::Think => ReasoningFormat::Think,
+        stream_config::ReasoningParser::None => ReasoningFormat::None,
+    };
+    proxy.preprocessors = config.proxy.preprocessors.clone();
+    proxy.limits = SessionLimits {
+        max_sessions: config.proxy.max_sessions as usize,
+        session_timeout: secs(config.proxy.session_timeout_seconds),
+        ..SessionLimits::default()
+    };
+    proxy.export_wait_timeout = secs(config.proxy.export_wait_timeout_seconds);
+    proxy.default_max_new_tokens = Some(config.gconfig.max_new_tokens);
+    proxy
+}
+
+/// `proxy.export_style` as the proxy's own type.
+pub fn export_style(config: &RunConfig) -> rollout_proxy::ExportStyle {
+    match config.proxy.export_style {
+        stream_config::ExportStyle::Concat => rollout_proxy::ExportStyle::Concat,
+        stream_config::ExportStyle::Individual => rollout_proxy::ExportStyle::Individual,
+    }
+}
+
+/// Rollouts in flight at once: `rollout.max_concurrent_rollouts`, else a whole step's.
+pub fn concurrency(config: &RunConfig) -> usize {
+    let batch = config.train_dataset.batch_size as usize;
+    config
+        .rollout
+        .max_concurrent_rollouts
+        .map_or(batch * config.gconfig.n_samples as usize, |c| c as usize)
+        .max(1)
+}
+
+/// Rollout-time group handling (`gconfig.drop_incomplete_group`, `gconfig.reward_normalization`).
+pub fn group_settings(config: &RunConfig) -> GroupSettings {
+    GroupSettings {
+        drop_incomplete_group: config.gconfig.drop_incomplete_group,
+        reward_normalization: config.gconfig.reward_normalization,
+    }
+}
+
+fn norm_level<L: From<NormLevelOf>>(l: stream_config::NormLevel) -> L {
+    L::from(NormLevelOf(l))
+}
+
+/// A config norm level, convertible into each crate's own.
+struct NormLevelOf(stream_config::NormLevel);
+
+impl From<NormLevelOf> for reward_routing::NormLevel {
+    fn from(l: NormLevelOf) -> Self {
+        match l.0 {
+            stream_config::NormLevel::Batch => Self::Batch,
+            stream_config::NormLevel::Group => Self::Group,
+        }
+    }
+}
+
+impl From<NormLevelOf> for trainer::NormLevel {
+    fn from(l: NormLevelOf) -> Self {
+        match l.0 {
+            stream_config::NormLevel::Batch => Self::Batch,
+            stream_config::NormLevel::Group => Self::Group,
+        }
+    }
+}
+
+/// reward-routing's settings: group handling, bias, scaling, clip and `actor.reward_norm`.
+pub fn reward_config(config: &RunConfig) -> RewardConfig {
+    let norm = |n: &stream_config::NormConfig| reward_routing::NormConfig {
+        mean_level: n.mean_level.map(norm_level),
+        mean_leave1out: n.mean_leave1out,
+        std_level: n.std_level.map(norm_level),
+        std_unbiased: n.std_unbiased,
+        eps: n.eps,
+        group_size: n.group_size as usize,
+    };
+    RewardConfig {
+        drop_incomplete_group: config.gconfig.drop_incomplete_group,
+        reward_normalization: config.gconfig.reward_normalization,
+        reward_bias: config.actor.reward_bias,
+        reward_scaling: config.actor.reward_scaling,
+        reward_clip: config.actor.reward_clip,
+        reward_norm: config.actor.reward_norm.as_ref().map(norm),
+    }
+}
+
+/// The trainer's device and precision (`actor.device`, `actor.bf16_autocast`).
+pub fn trainer_options(config: &RunConfig) -> Result<TrainerOptions> {
+    let device: DeviceKind = config
+        .actor
+        .device
+        .parse()
+        .map_err(|e| Error::Invalid(format!("actor.device {:?}: {e}", config.actor.device)))?;
+    Ok(TrainerOptions {
+        device,
+        bf16_autocast: config.actor.bf16_autocast,
+    })
+}
+
+/// The trainer's GRPO settings: the `actor` section's objective, optimiser, schedule (its step counts are
+/// set when the loop begins) and micro-batching, and `gconfig.temperature` for the log-probabilities.
+pub fn train_config(config: &RunConfig) -> TrainConfig {
+    let a = &config.actor;
+    // Greedy sampling reports the untempered log-probabilities.
+    let temperature = if config.gconfig.temperature > 0.0 {
+        config.gconfig.temperature
+    } else {
+        1.0
+    };
+    TrainConfig {
+        schedule: LrSchedule {
+            lr: a.lr,
+            kind: match a.lr_scheduler_type {
+                stream_config::LrSchedulerType::Constant => ScheduleKind::Constant,
+                stream_config::LrSchedulerType::Linear => ScheduleKind::Linear,
+                stream_config::LrSchedulerType::Cosine => ScheduleKind::Cosine,
+            },
+            warmup_steps: 0,
+            total_steps: 1,
+            min_lr_ratio: a.min_lr_ratio,
+        },
+        adamw: AdamWConfig {
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: a.adam_eps,
+            weight_decay: a.weight_decay,
+        },
+        gradient_clipping: a.gradient_clipping,
+        max_tokens_per_mb: usize::try_from(a.max_tokens_per_mb).unwrap_or(usize::MAX),
+        aggregation: match a.loss_agg_mode {
+            stream_config::LossAggMode::TokenMean => LossAggregation::TokenMean,
+            stream_config::LossAggMode::SeqMeanTokenMean => LossAggregation::SeqMeanTokenMean,
+        },
+        ppo: ppo_config(config, temperature),
+    }
+}
+
+fn ppo_config(config: &RunConfig, temperature: f64) -> PpoConfig {
+    let a = &config.actor;
+    PpoConfig {
+        eps_clip: a.eps_clip,
+        eps_clip_higher: a.eps_clip_higher,
+        c_clip: a.c_clip,
+        use_decoupled_loss: a.use_decoupled_loss,
+        recompute_logprob: a.recompute_logprob,
+        behav_imp_weight_cap: a.behav_imp_weight_cap,
+        kl_ctl: a.kl_ctl,
+        kl_estimator: match a.kl_estimator {
+            stream_config::KlEstimator::K1 => KlEstimator::K1,
+            stream_config::KlEstimator::K2 => KlEstimator::K2,
+            stream_config::KlEstimator::K3 => KlEstimator::K3,
+        },
+        entropy_coeff: a.entropy_coeff,
+        adv_norm: a.adv_norm.as_ref().map(|n| AdvNorm {
+            mean_level: n.mean_level.map(norm_level),
+            mean_leave1out: n.mean_leave1out,
+            std_level: n.std_level.map(norm_level),
+            std_unbiased: n.std_unbiased,
+            eps: n.eps,
+            group_size: n.group_size as usize,
+        }),
+        temperature,
+    }
+}

@@ -1,0 +1,391 @@
+//! Setting a run up: paths, the journal and a killed run's leftovers, the Arena client, the healthy streams
+//! and this worker's rows, the proxy with its engine, and the route setup of the mode.
+//!
+//! The journal is opened (and a killed run's routes and tasks cleaned) before anything can fail later, and
+//! nothing journaled is ever deleted.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use arena_client::{ArenaClient, Party, RouteRegistry, RouteSetup};
+use reward_routing::{AuditConfig, AuditWriter, RewardConfig, TransformRegistry};
+use rollout_proxy::{ChatModel, ProxyServer, ProxyState};
+use secrecy::SecretString;
+use stream_config::{Env, RouteMode, RunConfig};
+use tokio::sync::Semaphore;
+
+use super::serving::{EngineHandle, build_engine};
+use super::settings::{self, secs};
+use crate::error::{Context as _, Error, Result};
+use crate::journal::{Entry, Journal, JournalState};
+use crate::proxy_ctl::ProxyControl;
+use crate::resolve::{PromptRow, ResolvedStream, load_rows, resolve_streams};
+use crate::train::TrainStep;
+use crate::workflow::Workflow;
+
+/// Where a run writes.
+#[derive(Debug, Clone)]
+pub struct RunPaths {
+    /// `<cluster.fileroot>/<experiment_name>/<trial_name>`.
+    pub run_dir: PathBuf,
+    /// The journal file of this worker.
+    pub journal: PathBuf,
+    /// Checkpoints.
+    pub checkpoints: PathBuf,
+    /// Metric files.
+    pub metrics: PathBuf,
+}
+
+impl RunPaths {
+    /// The paths of `config` (empty directories in the config mean the defaults under the run directory).
+    pub fn of(config: &RunConfig) -> Self {
+        let run_dir = Path::new(&config.cluster.fileroot)
+            .join(&config.experiment_name)
+            .join(&config.trial_name);
+        let pick = |dir: &str, default: &str| {
+            if dir.is_empty() {
+                run_dir.join(default)
+            } else {
+                PathBuf::from(dir)
+            }
+        };
+        let journal_dir = pick(&config.rollout.journal_dir, "journal");
+        Self {
+            journal: journal_dir.join(format!("journal-w{}.jsonl", config.rollout.worker_index)),
+            checkpoints: pick(&config.checkpoint.dir, "checkpoints"),
+            metrics: pick(&config.metrics.dir, "metrics"),
+            run_dir,
+        }
+    }
+}
+
+/// What a caller may plug into a run: the engine (tests use a fake) and the training step.
+pub struct Plugins {
+    /// Overrides the engine the config would build (`model.engine`, `rollout.policy_servers`).
+    pub engine: Option<EngineHandle>,
+    /// The training step (ignored by the rollout-only mode).
+    pub step: Box<dyn TrainStep>,
+}
+
+/// A run set up and ready to roll out.
+pub struct Run {
+    /// The config.
+    pub config: RunConfig,
+    /// The paths.
+    pub paths: RunPaths,
+    /// The workflow.
+    pub workflow: Arc<Workflow>,
+    /// The engine.
+    pub engine: EngineHandle,
+    /// The worker's prompt rows, mixed.
+    pub rows: Vec<PromptRow>,
+    /// What the journal held at start.
+    pub replay: JournalState,
+    /// The proxy server.
+    pub proxy: ProxyServer,
+    /// Advantages and group settings.
+    pub reward: RewardConfig,
+    /// Leftovers cleaned at start: `(routes deleted, tasks cancelled)`.
+    pub cleaned: (usize, usize),
+}
+
+/// `model.path`, which must be a directory.
+pub(crate) fn model_dir(config: &RunConfig) -> Result<PathBuf> {
+    if config.model.path.trim().is_empty() {
+        return Err(Error::Invalid(
+            "model.path is required (a Hugging Face folder with tokenizer.json and a chat template; MODEL_PATH also sets it)"
+                .into(),
+        ));
+    }
+    let dir = PathBuf::from(&config.model.path);
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "model.path {} is not a directory",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+fn admin_key(config: &RunConfig, env: &Env) -> SecretString {
+    match env.get(&config.proxy.admin_key_env) {
+        Some(k) if !k.is_empty() => SecretString::from(k.to_string()),
+        _ => {
+            let bytes: [u8; 24] = rand::random();
+            SecretString::from(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        }
+    }
+}
+
+/// The proxy as the run uses it: the server, its state, its control client and its address for Arena.
+struct StartedProxy {
+    server: ProxyServer,
+    state: ProxyState,
+    control: ProxyControl,
+    public_url: String,
+}
+
+/// Sets a run up: paths, journal, leftovers, Arena, streams and rows, proxy, engine, routing.
+pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -> Result<Run> {
+    let paths = RunPaths::of(&config);
+    let dir = model_dir(&config)?;
+    let (journal, replay) = Journal::open(&paths.journal)?;
+    if replay.torn_lines > 0 {
+        tracing::warn!(journal = %paths.journal.display(), "cut a torn last journal line (the process was killed mid-write)");
+    }
+    let client =
+        ArenaClient::new(settings::client_config(&config, env)?).context("building the Arena client")?;
+    let cleaned = clean_leftovers(&client, &journal, &replay, &config, &paths).await?;
+    let healthy = healthy_streams(&client, &config, env).await?;
+    let rows = worker_rows(&client, &healthy, &config).await?;
+    let model = Arc::new(
+        ChatModel::from_dir(&dir).with_context(|| format!("loading the model folder {}", dir.display()))?,
+    );
+    let engine = match engine {
+        Some(e) => e,
+        None => build_engine(&config, &model, &dir).await?,
+    };
+    let proxy = start_proxy(&config, env, model, &engine).await?;
+    let (routing, gateway_key) = route_setup(&config, env, &client, &journal, &proxy.state)?;
+    let audit = if config.econfig.arena_result_dump_dir.trim().is_empty() {
+        None
+    } else {
+        let mut audit_config = AuditConfig::new(&config.econfig.arena_result_dump_dir);
+        audit_config.max_raw_bytes = config.econfig.arena_result_dump_max_bytes;
+        Some(AuditWriter::shared(audit_config).context("econfig.arena_result_dump_dir")?)
+    };
+    let reward = settings::reward_config(&config);
+    reward.validate().context("the reward settings")?;
+    let token_state = proxy.state.clone();
+    let workflow = Arc::new(Workflow {
+        client,
+        routing,
+        gateway_key,
+        proxy: proxy.control,
+        proxy_public_url: proxy.public_url,
+        session_token: Arc::new(move |id: &str| token_state.session_token(id)),
+        streams: healthy,
+        journal,
+        audit,
+        limiter: Arc::new(Semaphore::new(settings::concurrency(&config))),
+        episode_timeout: secs(config.econfig.timeout),
+        idempotent_launch: config.econfig.arena_idempotent_launch,
+        run_id: format!("{}-{}", config.experiment_name, config.trial_name),
+        export_style: settings::export_style(&config),
+        turn_discount: config.proxy.turn_discount,
+        n_samples: config.gconfig.n_samples,
+        policy_version: Arc::new(AtomicU64::new(0)),
+        group_settings: settings::group_settings(&config),
+    });
+    Ok(Run {
+        config,
+        paths,
+        workflow,
+        engine,
+        rows,
+        replay,
+        proxy: proxy.server,
+        reward,
+        cleaned,
+    })
+}
+
+/// Deletes the routes and cancels the tasks a killed run left behind (from the journal).
+async fn clean_leftovers(
+    client: &ArenaClient,
+    journal: &Journal,
+    replay: &JournalState,
+    config: &RunConfig,
+    paths: &RunPaths,
+) -> Result<(usize, usize)> {
+    let timeout = settings::registration_timeout(config);
+    let cleaned =
+        Workflow::clean_leftovers(client, journal, &replay.open_routes, &replay.open_tasks, timeout)
+            .await
+            .with_context(|| {
+                format!(
+                    "cleaning up after the previous run of {}",
+                    paths.run_dir.display()
+                )
+            })?;
+    if cleaned != (0, 0) {
+        tracing::info!(
+            routes = cleaned.0,
+            tasks = cleaned.1,
+            "cleaned up routes and tasks a killed run left behind"
+        );
+    }
+    Ok(cleaned)
+}
+
+/// Arena refused the stream (not ACTIVE, an incomplete reward ref): the stream is unhealthy, not the run.
+fn refused_stream(e: &Error) -> Option<&arena_client::Error> {
+    match e.root() {
+        Error::Arena {
+            source: source @ arena_client::Error::Rejected(_),
+            ..
+        } => Some(source),
+        _ => None,
+    }
+}
+
+/// Resolves every configured stream; a stream Arena refuses is skipped, all refused is an error, and an
+/// Arena that does not answer is [`Error::ArenaUnreachable`].
+async fn healthy_streams(client: &ArenaClient, config: &RunConfig, env: &Env) -> Result<Vec<ResolvedStream>> {
+    let stream_configs = stream_config::load_stream_configs_with_env(&config.econfig, env)?;
+    let transforms = TransformRegistry::with_builtins();
+    let mut healthy: Vec<ResolvedStream> = Vec::new();
+    let mut unhealthy: Vec<String> = Vec::new();
+    for s in &stream_configs {
+        match resolve_streams(client, std::slice::from_ref(s), &transforms).await {
+            Ok(resolved) => healthy.extend(resolved),
+            Err(e) => {
+                if let Some(refused) = refused_stream(&e) {
+                    tracing::warn!(stream = %s.name, error = %e, "stream skipped");
+                    unhealthy.push(format!("{} ({refused})", s.name));
+                    continue;
+                }
+                return Err(match e.root() {
+                    Error::Arena { source, .. } if source.party() == Party::Transport => {
+                        Error::ArenaUnreachable {
+                            base: config.econfig.arena_base_url.clone(),
+                            source: arena_error(e),
+                        }
+                    }
+                    _ => e,
+                });
+            }
+        }
+    }
+    if healthy.is_empty() {
+        return Err(Error::NoHealthyStream(unhealthy));
+    }
+    Ok(healthy)
+}
+
+/// The Arena error under `e`'s context wrappers (`e` is known to hold one).
+fn arena_error(e: Error) -> arena_client::Error {
+    match e {
+        Error::Arena { source, .. } => source,
+        Error::Context { inner, .. } => arena_error(*inner),
+        other => arena_client::Error::Invalid(other.to_string()),
+    }
+}
+
+/// Downloads, mixes and shards the streams' rows; a worker needs at least one batch.
+async fn worker_rows(
+    client: &ArenaClient,
+    healthy: &[ResolvedStream],
+    config: &RunConfig,
+) -> Result<Vec<PromptRow>> {
+    let batch_size = config.train_dataset.batch_size as usize;
+    let worker = (
+        config.rollout.worker_index as usize,
+        config.rollout.n_workers as usize,
+    );
+    let rows = load_rows(
+        client,
+        healthy,
+        config.econfig.arena_mixture_epoch_size,
+        batch_size,
+        worker,
+    )
+    .await?;
+    if rows.len() < batch_size {
+        return Err(Error::Invalid(format!(
+            "the streams hold {} rows for this worker, fewer than train_dataset.batch_size {batch_size}",
+            rows.len()
+        )));
+    }
+    Ok(rows)
+}
+
+/// Starts the proxy in-process on `proxy.host:proxy.port` with the engine.
+async fn start_proxy(
+    config: &RunConfig,
+    env: &Env,
+    model: Arc<ChatModel>,
+    engine: &EngineHandle,
+) -> Result<StartedProxy> {
+    let admin = admin_key(config, env);
+    let proxy_config = settings::proxy_config(config, admin.clone());
+    let state = ProxyState::new(proxy_config, model, engine.engine.clone())
+        .context("configuring the rollout proxy")?;
+    let host: std::net::IpAddr =
+        config.proxy.host.parse().map_err(|_| {
+            Error::Invalid(format!("proxy.host {:?} is not an IP address", config.proxy.host))
+        })?;
+    let addr = SocketAddr::new(host, config.proxy.port);
+    let server = ProxyServer::start(addr, state.clone())
+        .await
+        .map_err(|e| Error::ProxyPort {
+            addr,
+            reason: e.to_string(),
+        })?;
+    let bound = server.local_addr();
+    let public_url = if config.proxy.public_url.is_empty() {
+        let host = if bound.ip().is_unspecified() {
+            crate::observe::hostname()
+        } else {
+            bound.ip().to_string()
+        };
+        format!("http://{host}:{}", bound.port())
+    } else {
+        config.proxy.public_url.trim_end_matches('/').to_string()
+    };
+    // The control client reaches the proxy on loopback unless it is bound to one specific other address.
+    let control_base = if bound.ip().is_unspecified() || bound.ip().is_loopback() {
+        format!("http://127.0.0.1:{}", bound.port())
+    } else {
+        format!("http://{bound}")
+    };
+    let control = ProxyControl::new(&control_base, admin)
+        .map_err(|e| Error::failed("building the proxy control client", format!("{e:#}")))?;
+    Ok(StartedProxy {
+        server,
+        state,
+        control,
+        public_url,
+    })
+}
+
+/// The route setup of `econfig.arena_llm_route_mode`, and the proxy's gateway key in session-gateway mode.
+fn route_setup(
+    config: &RunConfig,
+    env: &Env,
+    client: &ArenaClient,
+    journal: &Journal,
+    state: &ProxyState,
+) -> Result<(RouteSetup, Option<SecretString>)> {
+    let mode = config.econfig.arena_llm_route_mode;
+    if mode == RouteMode::Direct {
+        return Ok((RouteSetup::Direct, None));
+    }
+    let llm_api_key = arena_client::llm_api_key(env).context("the LLM gateway key")?;
+    if mode == RouteMode::Gateway {
+        let setup = RouteSetup::Gateway {
+            llm_api_key,
+            inbound_protos: config.econfig.arena_inbound_protos.clone(),
+            registration_timeout: settings::registration_timeout(config),
+        };
+        return Ok((setup, None));
+    }
+    let mut options = settings::registry_options(config)?;
+    // The name is journaled before the POST that creates it, so a killed run's successor deletes it even
+    // when the registration landed and its answer was never read.
+    let route_journal = journal.clone();
+    options.before_register = Some(Arc::new(move |name: &str| {
+        route_journal
+            .append(&Entry::Route {
+                name: name.to_string(),
+            })
+            .map_err(|e| e.to_string())
+    }));
+    let setup = RouteSetup::SessionGateway {
+        registry: RouteRegistry::new(client.clone(), options),
+        llm_api_key,
+    };
+    Ok((setup, Some(state.gateway_key())))
+}

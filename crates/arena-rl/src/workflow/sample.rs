@@ -1,0 +1,257 @@
+//! One sample from session start to journaled record: the proxy session around the Arena side, the routed
+//! outcome, the reward, the export, and the verdict the group is assembled from.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arena_client::{RewardRefCheck, RolloutReport, RolloutSpec, RunOptions, TaskResult};
+use reward_routing::{
+    Decision, Episode, ErrorStage, Metric, Outcome, Routed, SampleResult, Scope, TaskOutcome, route_outcome,
+};
+use rollout_proxy::ExportedTrajectory;
+
+use super::Workflow;
+use super::hooks::{JournalHooks, lifecycle_metrics};
+use crate::error::Result;
+use crate::journal::{Entry, RolloutRecord, SampleKey, Verdict};
+use crate::proxy_ctl::{EndReport, Session};
+use crate::resolve::{PromptRow, ResolvedStream};
+
+fn reject(record: &mut RolloutRecord, reason: &str, message: String) {
+    tracing::warn!(sample = %record.key, reason, %message, "rollout rejected");
+    record.verdict = Verdict::Rejected {
+        reason: reason.to_string(),
+        message,
+    };
+}
+
+impl Workflow {
+    /// Runs one sample from session start to journaled record. Fails only when the journal cannot be
+    /// written; every other failure is the sample's verdict.
+    pub async fn run_sample(
+        self: &Arc<Self>,
+        key: SampleKey,
+        row: &PromptRow,
+        scope: Scope,
+    ) -> Result<(RolloutRecord, Vec<Metric>)> {
+        let _permit = self.limiter.clone().acquire_owned().await;
+        let version = self.policy_version.load(Ordering::SeqCst);
+        let mut record = RolloutRecord {
+            key,
+            stream: row.stream.clone(),
+            data_id: row.row.data_id.clone(),
+            task_type: row.row.arena_task_type.clone(),
+            task_id: None,
+            verdict: Verdict::Dropped {
+                reason: String::new(),
+            },
+            trajectories: Vec::new(),
+            policy_version: version,
+        };
+        let metrics = self.sample_inner(&mut record, row, scope).await?;
+        self.journal.append(&Entry::Rollout(Box::new(record.clone())))?;
+        Ok((record, metrics))
+    }
+
+    async fn sample_inner(
+        self: &Arc<Self>,
+        record: &mut RolloutRecord,
+        row: &PromptRow,
+        scope: Scope,
+    ) -> Result<Vec<Metric>> {
+        let key = record.key;
+        let Some(stream) = self.stream(&row.stream) else {
+            let message = format!("unknown stream name {:?}", row.stream);
+            reject(record, "arena_error", message);
+            return Ok(Vec::new());
+        };
+        let session = match async {
+            self.proxy.grant().await?;
+            self.proxy.start(&key.to_string()).await
+        }
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                reject(record, "proxy_error", format!("{e:#}"));
+                return Ok(Vec::new());
+            }
+        };
+        let hooks = JournalHooks::new(&self.journal, key);
+        let spec = self.rollout_spec(key, stream, row, &session);
+        let report = self.client.run_rollout_with(&self.routing, &spec, &hooks).await;
+        if let Some(failure) = hooks.take_failure() {
+            return Err(failure);
+        }
+        let mut metrics = lifecycle_metrics(&report, scope);
+        record.task_id.clone_from(&report.task_id);
+        let end = self.end_session(&session).await;
+        let episode = Episode {
+            row: row.meta(stream),
+            outcome: outcome(&report),
+            interaction_count: end.interaction_count,
+            context_overflow: end.context_overflow,
+            proxy_system_error: end.system_error,
+            scope,
+        };
+        let routed = route_outcome(&episode, &stream.rule);
+        metrics.extend(routed.metrics.iter().cloned());
+        if let Some(audit) = &self.audit
+            && let Some(rec) = routed.audit_now()
+        {
+            metrics.push(audit.append_with_metric(rec, scope));
+        }
+        self.finish_sample(record, &session, &routed, scope, &mut metrics)
+            .await;
+        Ok(metrics)
+    }
+
+    /// The Arena side's inputs for one sample.
+    fn rollout_spec(
+        &self,
+        key: SampleKey,
+        stream: &ResolvedStream,
+        row: &PromptRow,
+        session: &Session,
+    ) -> RolloutSpec {
+        RolloutSpec {
+            stream_id: stream.config.stream_id.clone(),
+            data_id: row.row.data_id.clone(),
+            harness: Some(stream.config.harness.clone()),
+            task_envs: stream.config.task_envs.clone(),
+            proxy_base_url: self.proxy_public_url.clone(),
+            session_key: session.key.clone(),
+            session_id: Some(session.id.clone()),
+            gateway_key: self.gateway_key.clone(),
+            session_token: self
+                .gateway_key
+                .as_ref()
+                .map(|_| (self.session_token)(&session.id)),
+            run: RunOptions {
+                timeout: self.episode_timeout,
+                idempotency_key: self.idempotent_launch.then(|| format!("{}-{key}", self.run_id)),
+            },
+            reward_ref: RewardRefCheck {
+                stream_name: stream.config.name.clone(),
+                row: row.reward_ref.clone(),
+                expected: stream.config.expected_reward_ref.clone(),
+                pinned: stream.pinned.clone(),
+            },
+        }
+    }
+
+    /// `end_session`; a failure counts as the proxy's system error, as the reference records it.
+    async fn end_session(&self, session: &Session) -> EndReport {
+        match self.proxy.end(&session.id).await {
+            Ok(end) => end,
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %format!("{e:#}"), "end_session failed");
+                EndReport {
+                    system_error: true,
+                    ..EndReport::default()
+                }
+            }
+        }
+    }
+
+    /// Sets the reward, exports the session, writes the after-export audit record and decides the verdict.
+    async fn finish_sample(
+        &self,
+        record: &mut RolloutRecord,
+        session: &Session,
+        routed: &Routed,
+        scope: Scope,
+        metrics: &mut Vec<Metric>,
+    ) {
+        let reward = routed.decision.reward();
+        if let Some(r) = reward
+            && let Err(e) = self.proxy.set_reward(&session.id, r).await
+        {
+            tracing::warn!(session = %session.id, error = %format!("{e:#}"), "set_reward failed");
+        }
+        let trajectories = self.export(session, reward).await;
+        let nonempty = reward.is_some() && !trajectories.is_empty();
+        let after = routed.after_export(nonempty);
+        metrics.extend(after.metrics);
+        if let Some(audit) = &self.audit
+            && let Some(rec) = &after.audit
+        {
+            metrics.push(audit.append_with_metric(rec, scope));
+        }
+        record.verdict = match routed.sample_result(nonempty) {
+            SampleResult::Reward(r) => {
+                record.trajectories = trajectories;
+                Verdict::Reward { reward: r }
+            }
+            SampleResult::Dropped => Verdict::Dropped {
+                reason: match &routed.decision {
+                    Decision::Reject(r) => r.kind().to_string(),
+                    _ => "empty_export".to_string(),
+                },
+            },
+            SampleResult::Rejected(reason) => {
+                let message = reason.to_string();
+                tracing::info!(sample = %record.key, reason = reason.kind(), %message, "rollout rejected");
+                Verdict::Rejected {
+                    reason: reason.kind().to_string(),
+                    message,
+                }
+            }
+        };
+    }
+
+    /// The session's trajectories; an export failure is logged and leaves none.
+    async fn export(&self, session: &Session, reward: Option<f64>) -> Vec<ExportedTrajectory> {
+        let exported = self
+            .proxy
+            .export(&session.id, self.export_style, self.turn_discount, reward)
+            .await;
+        match exported {
+            Ok(e) => e.trajectories,
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %format!("{e:#}"), "export failed");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// What reward-routing sees of the Arena side: a task outcome, a local wait that ran out, or an error at the
+/// stage it happened.
+fn outcome(report: &RolloutReport) -> Outcome {
+    let stage = if !report.launch_attempted {
+        ErrorStage::BeforeLaunch
+    } else if report.launched {
+        ErrorStage::AfterLaunch
+    } else {
+        ErrorStage::Launch
+    };
+    match &report.result {
+        Ok(result) => Outcome::Task(task_outcome(result)),
+        Err(e) => match e.task_failed() {
+            Some(failed) => Outcome::Task(task_outcome(&failed.result)),
+            None => match e {
+                arena_client::Error::Timeout { task_id, .. } => Outcome::LocalWait {
+                    task_id: task_id.clone(),
+                    cancelled: false,
+                },
+                other => Outcome::Error {
+                    message: other.to_string(),
+                    stage,
+                },
+            },
+        },
+    }
+}
+
+fn task_outcome(result: &TaskResult) -> TaskOutcome {
+    TaskOutcome {
+        task_id: result.task_id.clone(),
+        status: result.status.clone(),
+        score: result.score,
+        raw: result.raw.clone(),
+        artifacts_uri: result.artifacts_uri.clone(),
+        trace_id: result.trace_id.clone(),
+        computed_at: result.computed_at.clone(),
+    }
+}
