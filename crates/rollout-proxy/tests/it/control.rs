@@ -1,7 +1,14 @@
 //! The control endpoints' wire JSON over a real socket: one snapshot of every reply, so a change to the wire
-//! types shows up as a snapshot diff.
+//! types shows up as a snapshot diff, and every reply parses into its `control::wire` type and writes back
+//! unchanged.
 
 use http::{Method, StatusCode};
+use rollout_proxy::control::wire::{
+    EndSessionReply, ExportReply, GrantCapacityReply, HealthReply, ModelList, SetRewardReply,
+    StartSessionReply,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::common::{Proxy, call};
@@ -26,6 +33,19 @@ fn stable(mut v: Value) -> Value {
         }
     }
     v
+}
+
+/// `reply` parses as `T`, and `T` writes it back with nothing renamed, dropped or added.
+fn parses_as<T: Serialize + DeserializeOwned>(replies: &serde_json::Map<String, Value>, name: &str) {
+    let reply = &replies[name];
+    let typed: T = serde_json::from_value(reply.clone()).unwrap_or_else(|e| panic!("{name}: {e}: {reply}"));
+    // Through text, as on the wire: `to_value` would widen f32 log-probabilities to f64 digits.
+    let text = serde_json::to_string(&typed).expect("serialises");
+    assert_eq!(
+        &serde_json::from_str::<Value>(&text).expect("json"),
+        reply,
+        "{name}"
+    );
 }
 
 #[tokio::test]
@@ -70,5 +90,12 @@ async fn every_control_reply_keeps_its_json() {
         assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
         replies.insert(name.to_string(), r.json());
     }
+    parses_as::<GrantCapacityReply>(&replies, "grant_capacity");
+    parses_as::<StartSessionReply>(&replies, "start_session");
+    parses_as::<SetRewardReply>(&replies, "set_reward");
+    parses_as::<EndSessionReply>(&replies, "end_session");
+    parses_as::<ExportReply>(&replies, "export_trajectories");
+    parses_as::<HealthReply>(&replies, "health");
+    parses_as::<ModelList>(&replies, "models");
     insta::assert_json_snapshot!(stable(Value::Object(replies)));
 }
