@@ -427,8 +427,8 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         idempotent_launch: config.econfig.arena_idempotent_launch,
         run_id: format!("{}-{}", config.experiment_name, config.trial_name),
         export_style: match config.proxy.export_style {
-            stream_config::ExportStyle::Concat => "concat".to_string(),
-            stream_config::ExportStyle::Individual => "individual".to_string(),
+            stream_config::ExportStyle::Concat => rollout_proxy::ExportStyle::Concat,
+            stream_config::ExportStyle::Individual => rollout_proxy::ExportStyle::Individual,
         },
         turn_discount: config.proxy.turn_discount,
         n_samples,

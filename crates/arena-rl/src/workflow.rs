@@ -26,12 +26,13 @@ use reward_routing::{
     AuditWriter, DynamicFilter, Episode, ErrorStage, Group, GroupRejection, Lifecycle, Metric, Outcome,
     RejectReason, SampleResult, Scope, TaskOutcome, assemble_group, group_metrics, route_outcome,
 };
+use rollout_proxy::control::wire::EndSessionReply;
 use secrecy::SecretString;
 use stream_config::{RewardRef, RouteMode};
 use tokio::sync::Semaphore;
 
 use crate::journal::{Entry, Journal, RolloutRecord, SampleKey, Verdict};
-use crate::proxy_ctl::{EndReport, ProxyControl};
+use crate::proxy_ctl::ProxyControl;
 use crate::resolve::{PromptRow, ResolvedStream};
 
 /// How harnesses reach the proxy.
@@ -99,8 +100,8 @@ pub struct Workflow {
     pub idempotent_launch: bool,
     /// The run's id (prefix of idempotency keys).
     pub run_id: String,
-    /// `proxy.export_style` (`concat` or `individual`).
-    pub export_style: String,
+    /// `proxy.export_style`.
+    pub export_style: rollout_proxy::ExportStyle,
     /// `proxy.turn_discount`.
     pub turn_discount: f64,
     /// Samples per group.
@@ -331,13 +332,13 @@ impl Workflow {
             .arena_side(key, stream, row, &session, scope, &mut metrics)
             .await;
         record.task_id.clone_from(&arena.task_id);
-        let end = match self.proxy.end(&session.id).await {
+        let end = match self.proxy.end(&session.session_id).await {
             Ok(end) => end,
             Err(e) => {
-                tracing::warn!(session = %session.id, error = %format!("{e:#}"), "end_session failed");
-                EndReport {
+                tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "end_session failed");
+                EndSessionReply {
                     system_error: true,
-                    ..EndReport::default()
+                    ..EndSessionReply::default()
                 }
             }
         };
@@ -382,18 +383,18 @@ impl Workflow {
         }
         let reward = routed.decision.reward();
         if let Some(r) = reward
-            && let Err(e) = self.proxy.set_reward(&session.id, r).await
+            && let Err(e) = self.proxy.set_reward(&session.session_id, r).await
         {
-            tracing::warn!(session = %session.id, error = %format!("{e:#}"), "set_reward failed");
+            tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "set_reward failed");
         }
         let exported = self
             .proxy
-            .export(&session.id, &self.export_style, self.turn_discount, reward)
+            .export(&session.session_id, self.export_style, self.turn_discount, reward)
             .await;
         let trajectories = match exported {
             Ok(e) => e.trajectories,
             Err(e) => {
-                tracing::warn!(session = %session.id, error = %format!("{e:#}"), "export failed");
+                tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "export failed");
                 Vec::new()
             }
         };
@@ -493,9 +494,9 @@ impl Workflow {
             data_id: row.row.data_id.clone(),
             model_name: String::new(),
             base_url: String::new(),
-            api_key: session.key.clone(),
+            api_key: session.api_key.clone(),
             envs: Default::default(),
-            session_id: Some(session.id.clone()),
+            session_id: Some(session.session_id.clone()),
             harness: Some(stream.config.harness.clone()).filter(|h| !h.is_empty()),
         };
         let timeout = self.registration_timeout();
@@ -503,7 +504,7 @@ impl Workflow {
         let mut lease = None;
         match &self.routing {
             Routing::Direct => {
-                direct_envs(&mut envs, &self.proxy_public_url, &session.key);
+                direct_envs(&mut envs, &self.proxy_public_url, &session.api_key);
                 request.model_name = rollout_model_name();
                 request.base_url = self.proxy_public_url.clone();
             }
@@ -516,7 +517,7 @@ impl Workflow {
                     model_name: rollout_model_name(),
                     deployment_id: random_uuid(),
                     upstream_base_url: self.proxy_public_url.clone(),
-                    upstream_api_key: session.key.clone(),
+                    upstream_api_key: session.api_key.clone(),
                     inbound_protos: inbound_protos.clone(),
                 };
                 let name = registration.model_name.clone();
@@ -558,8 +559,8 @@ impl Workflow {
                 Ok(l) => {
                     side.registration = Some(true);
                     side.acquire = Some(l.report.clone());
-                    let token = (self.session_token)(&session.id);
-                    session_gateway_envs(&mut envs, &session.id, &token);
+                    let token = (self.session_token)(&session.session_id);
+                    session_gateway_envs(&mut envs, &session.session_id, &token);
                     request.model_name = l.model_name.clone();
                     request.base_url = l.gateway_url.clone();
                     request.api_key = llm_api_key.clone();
