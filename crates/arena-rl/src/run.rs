@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use arena_client::{ArenaClient, ClientConfig, RegistryOptions, RetryPolicy, RouteRegistry};
@@ -140,10 +140,6 @@ pub struct Run {
     pub cleaned: (usize, usize),
 }
 
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.0))
-}
-
 fn model_dir(config: &RunConfig) -> Result<PathBuf> {
     if config.model.path.trim().is_empty() {
         bail!(
@@ -234,8 +230,8 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         bail!("econfig.arena_base_url is required (ARENA_OPENAPI_BASE also sets it)");
     }
     let mut client_config = ClientConfig::new(base, SecretString::from(token.to_string()))?;
-    client_config.timeout = secs(config.econfig.arena_request_timeout);
-    client_config.poll_interval = secs(config.econfig.arena_poll_interval);
+    client_config.timeout = config.econfig.arena_request_timeout.duration();
+    client_config.poll_interval = config.econfig.arena_poll_interval.duration();
     client_config.retry = RetryPolicy {
         retries: config.econfig.arena_request_retries,
         ..RetryPolicy::default()
@@ -244,7 +240,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         client_config.llm_base_url = Some(arena_client::validate_llm_base_url(url)?);
     }
     let client = ArenaClient::new(client_config)?;
-    let registration_timeout = secs(config.econfig.arena_registration_timeout);
+    let registration_timeout = config.econfig.arena_registration_timeout.duration();
 
     let cleaned = Workflow::clean_leftovers(
         &client,
@@ -325,10 +321,10 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
     proxy_config.preprocessors = config.proxy.preprocessors.clone();
     proxy_config.limits = SessionLimits {
         max_sessions: config.proxy.max_sessions as usize,
-        session_timeout: secs(config.proxy.session_timeout_seconds),
+        session_timeout: config.proxy.session_timeout_seconds.duration(),
         ..SessionLimits::default()
     };
-    proxy_config.export_wait_timeout = secs(config.proxy.export_wait_timeout_seconds);
+    proxy_config.export_wait_timeout = config.proxy.export_wait_timeout_seconds.duration();
     proxy_config.default_max_new_tokens = Some(config.gconfig.max_new_tokens);
     let state = ProxyState::new(proxy_config, model, engine.engine.clone())?;
     let host: std::net::IpAddr = config
@@ -376,7 +372,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
             registration_timeout,
         },
         (RouteMode::SessionGateway, Some(key)) => {
-            let mut options = RegistryOptions::new(config.econfig.arena_registration_probe_interval)?;
+            let mut options = RegistryOptions::new(config.econfig.arena_registration_probe_interval.get())?;
             options.registration_timeout = registration_timeout;
             options.persistent = true;
             options.inbound_protos = config.econfig.arena_inbound_protos.clone();
@@ -423,7 +419,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         journal,
         audit,
         limiter: Arc::new(Semaphore::new(concurrency)),
-        episode_timeout: secs(config.econfig.timeout),
+        episode_timeout: config.econfig.timeout.duration(),
         idempotent_launch: config.econfig.arena_idempotent_launch,
         run_id: format!("{}-{}", config.experiment_name, config.trial_name),
         export_style: match config.proxy.export_style {
