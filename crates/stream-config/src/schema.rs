@@ -25,7 +25,7 @@ use crate::path::KeyPath;
 ///
 /// To add a section: define its struct here (or in its own module under `schema/`) with
 /// `#[serde(deny_unknown_fields, default)]`, a `Default` with the reference's defaults and a doc comment on
-/// every field; add it as a field below; check its rules in [`RunConfig::validate`]. Environment variables
+/// every field; add it as a field below; check its rules in [`RunConfig::problems`]. Environment variables
 /// (`ARENA_RL_<SECTION>__<FIELD>`) and dotted overrides then reach it without further work.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -441,7 +441,7 @@ fn check_norm(c: &mut Collector, path: KeyPath, norm: &NormConfig) {
 impl RunConfig {
     /// Checks every rule of every section, the Streams included (their sources are read, with `env` for `~`
     /// expansion), and returns every broken rule. Paths are key paths of the config; origins are not filled
-    /// in here (see [`crate::load`], which adds file and line).
+    /// in here (see [`crate::load_run_config`], which adds file and line).
     pub fn problems(&self, env: &Env) -> Vec<Problem> {
         let mut c = Collector::default();
         let root = KeyPath::root();
