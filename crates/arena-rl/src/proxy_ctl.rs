@@ -191,7 +191,11 @@ impl ProxyControl {
         let mut attempt = 0;
         loop {
             if attempt > 0 {
-                tokio::time::sleep(self.first_backoff * 2u32.saturating_pow(attempt - 1)).await;
+                tokio::time::sleep(
+                    self.first_backoff
+                        .saturating_mul(2u32.saturating_pow(attempt - 1)),
+                )
+                .await;
             }
             attempt += 1;
             let mut request = if method == "GET" {
