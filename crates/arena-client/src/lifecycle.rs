@@ -237,7 +237,9 @@ struct DeleteOnDrop {
 impl DeleteOnDrop {
     /// Deletes the route now; `Ok(false)` when the delete failed (logged), an error when the hook failed.
     async fn run(&mut self, hooks: &dyn RolloutHooks) -> Result<bool> {
-        let Some(name) = self.name.take() else { return Ok(true) };
+        let Some(name) = self.name.take() else {
+            return Ok(true);
+        };
         match tokio::time::timeout(self.timeout, self.client.delete_model(&name, Some(self.timeout))).await {
             Ok(Ok(())) => hooks
                 .route_deleted(&name)
@@ -268,7 +270,11 @@ impl Drop for DeleteOnDrop {
 
 /// The checks of reference section 4.1 steps 3 and 4: the row's ref against the stream's, then, for a
 /// pinned stream, the live ref against the pin ("drifted before launch").
-async fn check_reward_ref(client: &ArenaClient, spec: &RolloutSpec, report: &mut RolloutReport) -> Result<()> {
+async fn check_reward_ref(
+    client: &ArenaClient,
+    spec: &RolloutSpec,
+    report: &mut RolloutReport,
+) -> Result<()> {
     let check = &spec.reward_ref;
     if !check.row.is_empty() && !check.expected.is_empty() && check.row != check.expected {
         return Err(Error::Rejected(format!(
@@ -283,7 +289,12 @@ async fn check_reward_ref(client: &ArenaClient, spec: &RolloutSpec, report: &mut
         .get_stream(&spec.stream_id)
         .await
         .and_then(|info| info.live_reward_ref())
-        .map_err(|e| e.context(format!("stream {}: live reward_ref check failed", check.stream_name)));
+        .map_err(|e| {
+            e.context(format!(
+                "stream {}: live reward_ref check failed",
+                check.stream_name
+            ))
+        });
     let checked = live.and_then(|live| match reward_ref_drift(&check.pinned, live.as_ref()) {
         None => Ok(()),
         Some(drift) => Err(Error::Rejected(format!(
@@ -366,7 +377,9 @@ impl ArenaClient {
         direct_envs(&mut request.envs, &spec.proxy_base_url, &spec.session_key);
         request.model_name = rollout_model_name();
         request.base_url = spec.proxy_base_url.clone();
-        let run = self.run_task_with(&spec.stream_id, &request, &spec.run, hooks).await;
+        let run = self
+            .run_task_with(&spec.stream_id, &request, &spec.run, hooks)
+            .await;
         RolloutReport {
             model_name: Some(request.model_name),
             ..RolloutReport::from_run(RouteMode::Direct, run)
@@ -422,7 +435,9 @@ impl ArenaClient {
                 request.model_name = name.clone();
                 request.base_url = gateway_url;
                 request.api_key = route.llm_api_key.clone();
-                let run = self.run_task_with(&spec.stream_id, &request, &spec.run, hooks).await;
+                let run = self
+                    .run_task_with(&spec.stream_id, &request, &spec.run, hooks)
+                    .await;
                 RolloutReport {
                     registration: Some(true),
                     ..RolloutReport::from_run(mode, run)
@@ -469,7 +484,9 @@ impl ArenaClient {
         request.api_key = llm_api_key.clone();
         let acquire = lease.report.clone();
         let model_name = lease.model_name.clone();
-        let run = self.run_task_with(&spec.stream_id, &request, &spec.run, hooks).await;
+        let run = self
+            .run_task_with(&spec.stream_id, &request, &spec.run, hooks)
+            .await;
         let cleanup = match lease.release().await {
             Ok(()) => true,
             Err(e) => {

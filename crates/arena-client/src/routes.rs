@@ -202,7 +202,9 @@ impl ArenaClient {
         loop {
             match self.delete_model(name, Some(timeout)).await {
                 Ok(()) => {}
-                Err(e) => tracing::warn!(model_name = %name, error = %e, "background LLM route cleanup failed"),
+                Err(e) => {
+                    tracing::warn!(model_name = %name, error = %e, "background LLM route cleanup failed")
+                }
             }
             if started.elapsed() + wait > timeout {
                 return;
@@ -215,7 +217,9 @@ impl ArenaClient {
                     tracing::info!(model_name = %name, "an abandoned LLM route registration landed late; deleting it");
                     continue;
                 }
-                Err(e) => tracing::warn!(model_name = %name, error = %e, "cannot look for an abandoned LLM route"),
+                Err(e) => {
+                    tracing::warn!(model_name = %name, error = %e, "cannot look for an abandoned LLM route")
+                }
             }
             if started.elapsed() + wait > timeout {
                 return;

@@ -98,6 +98,9 @@ pub enum Error {
         /// The parse error.
         message: String,
     },
+    /// The rollout proxy's control endpoints failed.
+    #[error("{0}")]
+    Control(#[from] crate::proxy_ctl::ControlError),
     /// A file system operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -234,6 +237,12 @@ impl WithContext for rollout_proxy::EngineError {
 impl WithContext for reqwest::Error {
     fn in_context(self, context: String) -> Error {
         Error::failed(context, self)
+    }
+}
+
+impl WithContext for crate::proxy_ctl::ControlError {
+    fn in_context(self, context: String) -> Error {
+        Error::from(self).in_context(context)
     }
 }
 

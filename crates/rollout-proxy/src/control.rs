@@ -1,6 +1,10 @@
 //! The control endpoints: health, metrics, capacity grants, and the session lifecycle (`start_session`,
 //! `set_reward`, `end_session`, `export_trajectories`) of reference section 6.4, with this project's fixes
 //! (random session ids, keys that stop at `end_session`, an export deadline, tombstones).
+//!
+//! Every request and reply body is a type of [`wire`], which clients use too.
+
+pub mod wire;
 
 use std::time::Duration;
 
@@ -8,15 +12,19 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::error::{ApiError, ApiErrorKind};
-use crate::export::{ExportOptions, ExportStyle, ExportedSession};
+use crate::export::{ExportOptions, ExportedSession};
 use crate::metrics::Metrics;
 use crate::server::{Caller, ProxyState};
+use wire::{
+    EndSessionRequest, ExportRequest, GrantCapacityReply, GrantCapacityRequest, HealthReply, ModelCard,
+    ModelList, SetRewardReply, SetRewardRequest, StartSessionReply, StartSessionRequest,
+};
 
 fn answer(result: Result<Response, ApiError>) -> Response {
     result.unwrap_or_else(IntoResponse::into_response)
@@ -35,13 +43,13 @@ fn body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, ApiError> {
 /// `GET /health`.
 pub(crate) async fn health(State(state): State<ProxyState>) -> Response {
     let live = state.store().live_sessions();
-    axum::Json(json!({
-        "status": "ok",
-        "initialized": true,
-        "model": state.model_name(),
-        "max_context_len": state.shared().engine.max_context_len(),
-        "live_sessions": live,
-    }))
+    axum::Json(HealthReply {
+        status: "ok".to_string(),
+        initialized: true,
+        model: state.model_name().to_string(),
+        max_context_len: state.shared().engine.max_context_len() as u64,
+        live_sessions: live as u64,
+    })
     .into_response()
 }
 
@@ -58,18 +66,16 @@ pub(crate) async fn metrics(State(state): State<ProxyState>) -> Response {
 
 /// `GET /v1/models`: the one model served.
 pub(crate) async fn models(State(state): State<ProxyState>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{"id": state.model_name(), "object": "model", "created": 0, "owned_by": "arena-rl"}],
-    }))
+    axum::Json(ModelList {
+        object: "list".to_string(),
+        data: vec![ModelCard {
+            id: state.model_name().to_string(),
+            object: "model".to_string(),
+            created: 0,
+            owned_by: "arena-rl".to_string(),
+        }],
+    })
     .into_response()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GrantBody {
-    #[serde(default)]
-    count: Option<u32>,
 }
 
 /// `POST /grant_capacity` (admin): capacity += `count` (default 1).
@@ -80,19 +86,10 @@ pub(crate) async fn grant_capacity(
 ) -> Response {
     answer((|| {
         state.require_admin(&headers)?;
-        let grant: GrantBody = body(&bytes)?;
+        let grant: GrantCapacityRequest = body(&bytes)?;
         let capacity = state.store().grant(i64::from(grant.count.unwrap_or(1)));
-        Ok(axum::Json(json!({"capacity": capacity})).into_response())
+        Ok(axum::Json(GrantCapacityReply { capacity }).into_response())
     })())
-}
-
-#[derive(Deserialize)]
-struct StartBody {
-    task_id: String,
-    #[serde(default)]
-    api_key: Option<String>,
-    #[serde(default)]
-    metadata: Option<Value>,
 }
 
 /// `POST /rl/start_session` (admin): `{task_id, api_key?, metadata?}` → `{session_id, api_key}`.
@@ -103,13 +100,13 @@ pub(crate) async fn start_session(
 ) -> Response {
     answer((|| {
         state.require_admin(&headers)?;
-        let start: StartBody = body(&bytes)?;
+        let start: StartSessionRequest = body(&bytes)?;
         let metadata = match start.metadata {
             None | Some(Value::Null) => json!({}),
             Some(m @ Value::Object(_)) => m,
             Some(_) => return Err(ApiError::invalid("metadata must be an object").with_param("metadata")),
         };
-        let key = start.api_key.filter(|k| !k.is_empty()).map(SecretString::from);
+        let key = start.api_key.filter(|k| !k.expose_secret().is_empty());
         let (id, key) = state.store().start(
             &start.task_id,
             key,
@@ -119,18 +116,12 @@ pub(crate) async fn start_session(
         )?;
         Metrics::add(&state.shared().metrics.sessions_started, 1);
         tracing::info!(session = &*id, "session started");
-        Ok(axum::Json(json!({"session_id": &*id, "api_key": key.expose_secret()})).into_response())
+        Ok(axum::Json(StartSessionReply {
+            session_id: id.to_string(),
+            api_key: key,
+        })
+        .into_response())
     })())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RewardBody {
-    #[serde(default)]
-    interaction_id: Option<String>,
-    reward: f64,
-    #[serde(default)]
-    session_id: Option<String>,
 }
 
 /// The session an admin-or-session call targets: the caller's own session, or `session_id` for the admin.
@@ -158,7 +149,7 @@ pub(crate) async fn set_reward(
 ) -> Response {
     answer((|| {
         let caller = state.session_caller(&headers)?;
-        let reward: RewardBody = body(&bytes)?;
+        let reward: SetRewardRequest = body(&bytes)?;
         if !reward.reward.is_finite() {
             return Err(ApiError::invalid("reward must be finite").with_param("reward"));
         }
@@ -169,15 +160,12 @@ pub(crate) async fn set_reward(
             .trajectory
             .set_reward(reward.interaction_id.as_deref(), reward.reward)
             .map_err(|m| ApiError::invalid(m).with_param("interaction_id"))?;
-        Ok(axum::Json(json!({"message": "success", "interaction_id": set})).into_response())
+        Ok(axum::Json(SetRewardReply {
+            message: "success".to_string(),
+            interaction_id: set,
+        })
+        .into_response())
     })())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EndBody {
-    #[serde(default)]
-    session_id: Option<String>,
 }
 
 /// `POST /rl/end_session`: ends the session (its key stops working) and reports its flags.
@@ -188,36 +176,12 @@ pub(crate) async fn end_session(
 ) -> Response {
     answer((|| {
         let caller = state.session_caller(&headers)?;
-        let end: EndBody = body(&bytes)?;
+        let end: EndSessionRequest = body(&bytes)?;
         let id = target(caller, end.session_id)?;
         let summary = state.store().end(&id, Instant::now())?;
         Metrics::add(&state.shared().metrics.sessions_ended, 1);
         Ok(axum::Json(summary).into_response())
     })())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExportBody {
-    session_id: String,
-    #[serde(default = "one")]
-    discount: f64,
-    #[serde(default)]
-    style: ExportStyle,
-    #[serde(default)]
-    drop_retry_orphans: bool,
-    #[serde(default)]
-    final_reward: Option<f64>,
-    #[serde(default)]
-    wait_timeout_seconds: Option<f64>,
-    #[serde(default)]
-    supports_shared_tensor_references: Option<bool>,
-    #[serde(default)]
-    is_eval: Option<bool>,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 /// `POST /export_trajectories` (admin): waits (with a deadline) for `end_session`, exports, and forgets
@@ -232,7 +196,7 @@ pub(crate) async fn export_trajectories(
 
 async fn export(state: &ProxyState, headers: &HeaderMap, bytes: &Bytes) -> Result<Response, ApiError> {
     state.require_admin(headers)?;
-    let request: ExportBody = body(bytes)?;
+    let request: ExportRequest = body(bytes)?;
     let _ = (request.supports_shared_tensor_references, request.is_eval);
     if !request.discount.is_finite() {
         return Err(ApiError::invalid("discount must be finite").with_param("discount"));

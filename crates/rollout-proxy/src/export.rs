@@ -1,6 +1,6 @@
 //! The trajectory export format: what `POST /export_trajectories` answers, as JSON.
 //!
-//! # Request
+//! # Request: [`crate::control::wire::ExportRequest`]
 //!
 //! ```json
 //! {"session_id": "17:3-5f0c...", "style": "concat", "discount": 1.0, "drop_retry_orphans": false,

@@ -20,14 +20,15 @@
 //!   [`serve`] to listen without naming the HTTP stack.
 //! - Protocols: Chat Completions (`/v1/chat/completions`), Anthropic Messages (`/v1/messages`,
 //!   `/v1/messages/count_tokens`) and Responses (`/v1/responses`, `GET /v1/responses/{id}`), each also
-//!   without the `/v1` prefix; the control endpoints of reference section 6.4.
+//!   without the `/v1` prefix; the control endpoints of reference section 6.4, whose request and reply
+//!   bodies are the serde types of [`control::wire`] (for the proxy and its clients alike).
 //! - Engines: [`FakeEngine`] (deterministic, for tests and benches), [`SglangEngine`] (SGLang's native
 //!   `/generate`), and [`generate_router`], which serves any engine over SGLang's `/generate`.
 //! - Reusable pieces: [`template::ChatTemplate`] (HF chat templates), [`tokenizer::Tokenizer`] and
 //!   [`tokenizer::IncrementalDecoder`], [`parse`] (reasoning, tool calls, stop strings).
 
 pub mod auth;
-mod control;
+pub mod control;
 pub mod engine;
 pub mod error;
 pub mod export;

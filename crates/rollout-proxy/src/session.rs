@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth;
+use crate::control::wire::EndSessionReply;
 use crate::error::{ApiError, ApiErrorKind};
 use crate::protocol::responses::ResponseStore;
 use crate::trajectory::{Interaction, Trajectory};
@@ -73,18 +74,6 @@ pub(crate) struct Session {
     pub(crate) requests: u64,
     /// Responses API answers kept for `previous_response_id` and `GET /v1/responses/{id}`.
     pub(crate) responses: ResponseStore,
-}
-
-/// What `end_session` reports.
-#[derive(Debug, Clone, serde::Serialize)]
-pub(crate) struct EndSummary {
-    pub(crate) message: &'static str,
-    pub(crate) session_id: String,
-    pub(crate) interaction_count: usize,
-    pub(crate) context_overflow: bool,
-    pub(crate) context_overflow_message: Option<String>,
-    pub(crate) system_error: bool,
-    pub(crate) system_error_message: Option<String>,
 }
 
 /// All sessions.
@@ -305,16 +294,16 @@ impl SessionStore {
     }
 
     /// Ends session `id`: its key stops working and exports waiting on it go ahead.
-    pub(crate) fn end(&mut self, id: &str, now: Instant) -> Result<EndSummary, ApiError> {
+    pub(crate) fn end(&mut self, id: &str, now: Instant) -> Result<EndSessionReply, ApiError> {
         let session = self.get_mut(id)?;
         session.ended = true;
         session.last_activity = now;
         session.ended_tx.send_replace(true);
         let digest = session.key_digest;
-        let summary = EndSummary {
-            message: "success",
+        let summary = EndSessionReply {
+            message: "success".to_string(),
             session_id: session.id.to_string(),
-            interaction_count: session.trajectory.len(),
+            interaction_count: session.trajectory.len() as u64,
             context_overflow: session.context_overflow.is_some(),
             context_overflow_message: session.context_overflow.clone(),
             system_error: session.system_error.is_some(),

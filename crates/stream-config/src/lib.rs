@@ -52,8 +52,9 @@ pub use projection::{Projection, project_streams, render_streams_yaml};
 pub use redact::{REDACTED, is_sensitive_key, redact};
 pub use schema::{
     ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
-    GenerationConfig, KlEstimator, LossAggMode, LrSchedulerType, MetricsSection, ModelEngine, ModelSection,
-    NormConfig, NormLevel, ProxySection, ReasoningParser, RolloutSection, RunConfig, ToolCallParser,
+    GenerationConfig, HarnessSampling, KlEstimator, LossAggMode, LrSchedulerType, MetricsSection,
+    ModelEngine, ModelSection, NormConfig, NormLevel, ProxySection, ReasoningParser, RolloutSection,
+    RunConfig, Seconds, ToolCallParser,
 };
 pub use stream::{
     ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, load_stream_configs,

@@ -6,6 +6,7 @@
 mod econfig;
 pub(crate) mod lenient_json;
 mod runtime;
+mod seconds;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,7 @@ pub use runtime::{
     CheckpointSection, ExportStyle, MetricsSection, ModelEngine, ModelSection, ProxySection, ReasoningParser,
     RolloutSection, ToolCallParser,
 };
+pub use seconds::Seconds;
 
 use crate::env::Env;
 use crate::error::{Collector, Problem};
@@ -23,14 +25,15 @@ use crate::path::KeyPath;
 ///
 /// To add a section: define its struct here (or in its own module under `schema/`) with
 /// `#[serde(deny_unknown_fields, default)]`, a `Default` with the reference's defaults and a doc comment on
-/// every field; add it as a field below; check its rules in [`RunConfig::validate`]. Environment variables
+/// every field; add it as a field below; check its rules in [`RunConfig::problems`]. Environment variables
 /// (`ARENA_RL_<SECTION>__<FIELD>`) and dotted overrides then reach it without further work.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunConfig {
-    /// Name of the experiment (required); outputs go under `<cluster.fileroot>/<experiment_name>/<trial_name>`.
+    /// Name of the experiment (required); outputs go under `<cluster.fileroot>/<experiment_name>/<trial_name>`,
+    /// so it is one directory name: not `.` or `..`, and without `/`, `\` or NUL.
     pub experiment_name: String,
-    /// Name of this trial of the experiment (required).
+    /// Name of this trial of the experiment (required; one directory name, as `experiment_name`).
     pub trial_name: String,
     /// Where the run executes and writes.
     pub cluster: ClusterConfig,
@@ -88,10 +91,17 @@ pub struct GenerationConfig {
     pub n_samples: u32,
     /// Most tokens generated per model call.
     pub max_new_tokens: u32,
-    /// Sampling temperature (0 is greedy).
+    /// Sampling temperature (0 is greedy), finite and >= 0.
     pub temperature: f64,
-    /// Nucleus sampling threshold, in (0, 1].
+    /// Nucleus sampling threshold, in (0, 1] (1 keeps every token).
     pub top_p: f64,
+    /// Keep only the `top_k` most likely tokens when sampling: an integer >= 1, or null or -1 (SGLang's
+    /// spelling) for no top-k truncation (the default). See [`GenerationConfig::top_k_limit`].
+    pub top_k: Option<i64>,
+    /// Whose sampling settings win when a harness request sets its own `temperature`, `top_p` or `top_k`:
+    /// `honour` (the harness's, as the reference does; the run's fill only what a request omits) or
+    /// `override` (the run's `gconfig` values replace the harness's).
+    pub harness_sampling: HarnessSampling,
     /// Z-score each group's rewards at rollout time (population std + 1e-8); excludes `actor.reward_norm`.
     pub reward_normalization: bool,
     /// Drop a whole group when any of its samples failed.
@@ -105,10 +115,33 @@ impl Default for GenerationConfig {
             max_new_tokens: 16384,
             temperature: 1.0,
             top_p: 1.0,
+            top_k: None,
+            harness_sampling: HarnessSampling::Honour,
             reward_normalization: false,
             drop_incomplete_group: false,
         }
     }
+}
+
+impl GenerationConfig {
+    /// `top_k` as a limit: `Some(k)` for k >= 1, `None` when top-k truncation is off (null or -1).
+    ///
+    /// A value validation refuses (0, below -1, above `u32::MAX`) also reads as `None`.
+    pub fn top_k_limit(&self) -> Option<u32> {
+        self.top_k.filter(|k| *k >= 1).and_then(|k| u32::try_from(k).ok())
+    }
+}
+
+/// Whose sampling settings win when a harness request sets its own (`gconfig.harness_sampling`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HarnessSampling {
+    /// The harness's values win; the run's `gconfig` values fill only what a request omits (the reference's
+    /// session `generation_args`).
+    #[default]
+    Honour,
+    /// The run's `gconfig` values replace whatever the harness sends.
+    Override,
 }
 
 /// Where a normalisation statistic is computed.
@@ -408,7 +441,7 @@ fn check_norm(c: &mut Collector, path: KeyPath, norm: &NormConfig) {
 impl RunConfig {
     /// Checks every rule of every section, the Streams included (their sources are read, with `env` for `~`
     /// expansion), and returns every broken rule. Paths are key paths of the config; origins are not filled
-    /// in here (see [`crate::load`], which adds file and line).
+    /// in here (see [`crate::load_run_config`], which adds file and line).
     pub fn problems(&self, env: &Env) -> Vec<Problem> {
         let mut c = Collector::default();
         let root = KeyPath::root();
@@ -418,8 +451,13 @@ impl RunConfig {
         ] {
             if value.trim().is_empty() {
                 c.push(root.key(field), "is required");
-            } else if value.contains('/') {
-                c.push(root.key(field), format!("{value:?} must not contain '/'"));
+            } else if matches!(value.as_str(), "." | "..") || value.contains(['/', '\\', '\0']) {
+                c.push(
+                    root.key(field),
+                    format!(
+                        "{value:?} must be one directory name under cluster.fileroot: not \".\" or \"..\", and without '/', '\\' or NUL"
+                    ),
+                );
             }
         }
         if self.cluster.n_nodes == 0 {
@@ -437,6 +475,18 @@ impl RunConfig {
         let top_p = self.gconfig.top_p;
         if !(top_p > 0.0 && top_p <= 1.0) {
             c.push(g.key("top_p"), format!("must be in (0, 1], got {top_p}"));
+        }
+        if let Some(k) = self.gconfig.top_k
+            && k != -1
+            && !(1..=i64::from(u32::MAX)).contains(&k)
+        {
+            c.push(
+                g.key("top_k"),
+                format!(
+                    "must be >= 1 (at most {}), or -1 or null for no top-k, got {k}",
+                    u32::MAX
+                ),
+            );
         }
 
         let a = root.key("actor");

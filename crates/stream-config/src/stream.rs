@@ -202,7 +202,7 @@ impl StreamConfig {
 /// entry (`sampling_weight`, `task_envs.KEY`).
 pub fn parse_stream_config(entry: &Value) -> Result<StreamConfig> {
     let mut found = Vec::new();
-    let stream = parse_entry(entry, 0, &mut found);
+    let stream = parse_entry(entry, 0, &mut found).stream;
     let mut c = Collector::default();
     for (path, message) in found {
         c.push(path, message);
@@ -326,17 +326,17 @@ impl Document {
 
     fn into_streams(self, econfig: &EConfig) -> (Vec<StreamConfig>, Vec<Problem>) {
         let mut problems = Vec::new();
-        let mut streams: Vec<(usize, StreamConfig)> = Vec::new();
+        let mut streams: Vec<StreamConfig> = Vec::new();
+        let mut identities = Vec::new();
         for (i, entry) in self.entries.iter().enumerate() {
             let mut found = Vec::new();
             let parsed = parse_entry(entry, i, &mut found);
             problems.extend(found.into_iter().map(|(p, m)| self.problem(i, &p, m)));
-            if let Some(s) = parsed {
-                streams.push((i, s));
-            }
+            identities.push((i, parsed.name, parsed.stream_id));
+            streams.extend(parsed.stream);
         }
         let run_harness = econfig.arena_harness.trim();
-        for (_, s) in &mut streams {
+        for s in &mut streams {
             if s.harness.is_empty() {
                 s.harness = run_harness.to_string();
             }
@@ -344,32 +344,34 @@ impl Document {
             envs.extend(std::mem::take(&mut s.task_envs));
             s.task_envs = envs;
         }
+        // Every entry that names itself counts, valid or not, so a duplicate is reported together with the
+        // other problems of either entry; empty names and ids are already reported as missing.
         let mut first_name: HashMap<&str, usize> = HashMap::new();
         let mut first_id: HashMap<&str, &str> = HashMap::new();
-        for (i, s) in &streams {
-            if let Some(j) = first_name.insert(&s.name, *i) {
+        for (i, name, stream_id) in &identities {
+            if !name.is_empty()
+                && let Some(j) = first_name.insert(name, *i)
+            {
                 let first = self.list_path.index(j);
                 problems.push(self.problem(
                     *i,
                     &KeyPath::keys(["name"]),
-                    format!(
-                        "Arena Stream names must be unique: {:?} is also the name of {first}",
-                        s.name
-                    ),
+                    format!("Arena Stream names must be unique: {name:?} is also the name of {first}"),
                 ));
             }
-            if let Some(other) = first_id.insert(&s.stream_id, &s.name) {
+            if !stream_id.is_empty()
+                && let Some(other) = first_id.insert(stream_id, name)
+            {
                 problems.push(self.problem(
                     *i,
                     &KeyPath::keys(["stream_id"]),
                     format!(
-                        "Arena Stream ids must be unique: streams {other:?} and {:?} both use stream_id {:?}",
-                        s.name, s.stream_id
+                        "Arena Stream ids must be unique: streams {other:?} and {name:?} both use stream_id {stream_id:?}"
                     ),
                 ));
             }
         }
-        (streams.into_iter().map(|(_, s)| s).collect(), problems)
+        (streams, problems)
     }
 }
 
@@ -594,8 +596,16 @@ fn text_field(
     }
 }
 
+/// One entry's parse: the stream when it has no problem, and the name and id it gives itself either way
+/// (empty when absent or not text), so uniqueness is checked across invalid entries too.
+struct ParsedEntry {
+    stream: Option<StreamConfig>,
+    name: String,
+    stream_id: String,
+}
+
 /// Parses one entry; pushes (path relative to the entry, message) for every broken rule.
-fn parse_entry(entry: &Value, index: usize, out: &mut Vec<(KeyPath, String)>) -> Option<StreamConfig> {
+fn parse_entry(entry: &Value, index: usize, out: &mut Vec<(KeyPath, String)>) -> ParsedEntry {
     let Some(obj) = entry.as_object() else {
         out.push((
             KeyPath::root(),
@@ -604,7 +614,11 @@ fn parse_entry(entry: &Value, index: usize, out: &mut Vec<(KeyPath, String)>) ->
                 describe(entry)
             ),
         ));
-        return None;
+        return ParsedEntry {
+            stream: None,
+            name: String::new(),
+            stream_id: String::new(),
+        };
     };
     let mut found = Vec::new();
     let mut unknown: Vec<&str> = obj
@@ -765,17 +779,21 @@ fn parse_entry(entry: &Value, index: usize, out: &mut Vec<(KeyPath, String)>) ->
     };
     let ok = found.is_empty();
     out.extend(found.into_iter().map(|(p, m)| (p, format!("{label}: {m}"))));
-    ok.then_some(StreamConfig {
+    ParsedEntry {
+        stream: ok.then(|| StreamConfig {
+            name: name.clone(),
+            stream_id: stream_id.clone(),
+            sampling_weight,
+            harness,
+            llm_protocol,
+            task_envs,
+            expected_reward_ref,
+            reward_threshold,
+            reward_transform_fn,
+        }),
         name,
         stream_id,
-        sampling_weight,
-        harness,
-        llm_protocol,
-        task_envs,
-        expected_reward_ref,
-        reward_threshold,
-        reward_transform_fn,
-    })
+    }
 }
 
 fn parse_reward_ref(value: Option<&Value>, found: &mut Vec<(KeyPath, String)>) -> RewardRef {

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use arena_client::{
-    ArenaClient, ModelRegistration, RegistryOptions, RewardRefCheck, RolloutReport, RolloutSpec, RouteRegistry,
-    RouteSetup, RunOptions,
+    ArenaClient, ModelRegistration, RegistryOptions, RewardRefCheck, RolloutReport, RolloutSpec,
+    RouteRegistry, RouteSetup, RunOptions,
 };
 use arena_sim::{ArenaSim, Endpoint, FaultKind, FaultRule, ScriptedOutcome, StreamDef};
 use secrecy::SecretString;
@@ -507,9 +507,16 @@ async fn a_registration_answered_by_a_dropped_connection_leaves_no_route() {
         assert_eq!(report.registration, Some(false), "{mode}");
         assert!(report.result.is_err(), "{mode}");
         assert!(!report.launch_attempted, "{mode}");
-        assert!(sim.counters().registrations >= 1, "{mode}: the POST reached Arena");
+        assert!(
+            sim.counters().registrations >= 1,
+            "{mode}: the POST reached Arena"
+        );
         assert!(sim.counters().deletions >= 1, "{mode}: the guard deleted it");
-        assert!(sim.routes().is_empty(), "{mode}: no route left: {:?}", sim.routes());
+        assert!(
+            sim.routes().is_empty(),
+            "{mode}: no route left: {:?}",
+            sim.routes()
+        );
         assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty(), "{mode}");
     }
 }

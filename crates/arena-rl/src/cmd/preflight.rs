@@ -12,7 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use arena_client::{ArenaClient, ClientConfig, PreflightOptions, RetryPolicy, preflight};
 use clap::ArgGroup;
 use secrecy::SecretString;
-use stream_config::{EConfig, Env, load_stream_configs_with_env};
+use stream_config::{EConfig, Env, Seconds, load_stream_configs_with_env};
 
 #[derive(clap::Args)]
 #[command(group(ArgGroup::new("source").required(true).args(["streams_file", "streams_env_b64"])))]
@@ -53,9 +53,12 @@ fn seconds(env: &Env, name: &str, default: f64) -> Result<Duration> {
     let Some(text) = env.get(name).filter(|v| !v.trim().is_empty()) else {
         return Ok(Duration::from_secs_f64(default));
     };
-    match text.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(Duration::from_secs_f64(v)),
-        _ => bail!("{name} must be a positive number of seconds, got {text:?}"),
+    match text.trim().parse::<f64>().ok().and_then(Seconds::new) {
+        Some(s) => Ok(s.duration()),
+        None => bail!(
+            "{name} must be a positive number of seconds, at most {:e}, got {text:?}",
+            Seconds::MAX
+        ),
     }
 }
 

@@ -395,9 +395,13 @@ pub fn build(spec: &PolicySpec, dir: &Path) -> Result<BuiltPolicy> {
     });
     write(
         "tokenizer_config.json",
-        &(serde_json::to_string_pretty(&tokenizer_config)? + "\n"),
+        &(serde_json::to_string_pretty(&tokenizer_config).context("serialising tokenizer_config.json")?
+            + "\n"),
     )?;
-    write(STAMP, &(serde_json::to_string_pretty(spec)? + "\n"))?;
+    write(
+        STAMP,
+        &(serde_json::to_string_pretty(spec).context("serialising the policy spec")? + "\n"),
+    )?;
     Ok(BuiltPolicy {
         dir: dir.to_path_buf(),
         config,

@@ -252,12 +252,17 @@ async fn one(
     let transcript = task.transcript(protocol);
     let requests = [&transcript[..1], &transcript[..transcript.len() - 1]];
     for history in requests {
-        send(http, base, &session.key, protocol, history).await?;
+        send(http, base, &session.api_key, protocol, history).await?;
     }
-    control.end(&session.id).await?;
+    control.end(&session.session_id).await?;
     // The reward is irrelevant to a supervised transcript; setting one keeps the proxy from warning.
     let export = control
-        .export(&session.id, rollout_proxy::ExportStyle::Concat, 1.0, Some(0.0))
+        .export(
+            &session.session_id,
+            rollout_proxy::ExportStyle::Concat,
+            1.0,
+            Some(0.0),
+        )
         .await?;
     let [trajectory] = export.trajectories.as_slice() else {
         return Err(Error::Invalid(format!(

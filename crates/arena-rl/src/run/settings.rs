@@ -16,11 +16,6 @@ use trainer::{
 
 use crate::error::{Context as _, Error, Result};
 
-/// Seconds from the config as a `Duration` (negative values mean zero).
-pub(crate) fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.0))
-}
-
 /// The Arena client: `econfig.arena_base_url`, request timeout, poll interval and retries, with the token
 /// and the optional `ARENA_LLM_BASE_URL` from the environment.
 pub fn client_config(config: &RunConfig, env: &Env) -> Result<ClientConfig> {
@@ -36,8 +31,8 @@ pub fn client_config(config: &RunConfig, env: &Env) -> Result<ClientConfig> {
     }
     let mut client =
         ClientConfig::new(base, SecretString::from(token.to_string())).context("econfig.arena_base_url")?;
-    client.timeout = secs(config.econfig.arena_request_timeout);
-    client.poll_interval = secs(config.econfig.arena_poll_interval);
+    client.timeout = config.econfig.arena_request_timeout.duration();
+    client.poll_interval = config.econfig.arena_poll_interval.duration();
     client.retry = RetryPolicy {
         retries: config.econfig.arena_request_retries,
         ..RetryPolicy::default()
@@ -50,12 +45,12 @@ pub fn client_config(config: &RunConfig, env: &Env) -> Result<ClientConfig> {
 
 /// The deadline of each route registration, probe and deletion (`econfig.arena_registration_timeout`).
 pub fn registration_timeout(config: &RunConfig) -> Duration {
-    secs(config.econfig.arena_registration_timeout)
+    config.econfig.arena_registration_timeout.duration()
 }
 
 /// The session-gateway registry's options (a persistent, worker-lifetime registry).
 pub fn registry_options(config: &RunConfig) -> Result<RegistryOptions> {
-    let mut options = RegistryOptions::new(config.econfig.arena_registration_probe_interval)
+    let mut options = RegistryOptions::new(config.econfig.arena_registration_probe_interval.get())
         .context("econfig.arena_registration_probe_interval")?;
     options.registration_timeout = registration_timeout(config);
     options.persistent = true;
@@ -78,10 +73,10 @@ pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig 
     proxy.preprocessors = config.proxy.preprocessors.clone();
     proxy.limits = SessionLimits {
         max_sessions: config.proxy.max_sessions as usize,
-        session_timeout: secs(config.proxy.session_timeout_seconds),
+        session_timeout: config.proxy.session_timeout_seconds.duration(),
         ..SessionLimits::default()
     };
-    proxy.export_wait_timeout = secs(config.proxy.export_wait_timeout_seconds);
+    proxy.export_wait_timeout = config.proxy.export_wait_timeout_seconds.duration();
     proxy.default_max_new_tokens = Some(config.gconfig.max_new_tokens);
     proxy
 }

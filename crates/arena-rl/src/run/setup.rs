@@ -17,7 +17,7 @@ use stream_config::{Env, RouteMode, RunConfig};
 use tokio::sync::Semaphore;
 
 use super::serving::{EngineHandle, build_engine};
-use super::settings::{self, secs};
+use super::settings;
 use crate::error::{Context as _, Error, Result};
 use crate::journal::{Entry, Journal, JournalState};
 use crate::proxy_ctl::ProxyControl;
@@ -170,7 +170,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         journal,
         audit,
         limiter: Arc::new(Semaphore::new(settings::concurrency(&config))),
-        episode_timeout: secs(config.econfig.timeout),
+        episode_timeout: config.econfig.timeout.duration(),
         idempotent_launch: config.econfig.arena_idempotent_launch,
         run_id: format!("{}-{}", config.experiment_name, config.trial_name),
         export_style: settings::export_style(&config),
@@ -341,8 +341,7 @@ async fn start_proxy(
     } else {
         format!("http://{bound}")
     };
-    let control = ProxyControl::new(&control_base, admin)
-        .map_err(|e| Error::failed("building the proxy control client", format!("{e:#}")))?;
+    let control = ProxyControl::new(&control_base, admin)?;
     Ok(StartedProxy {
         server,
         state,

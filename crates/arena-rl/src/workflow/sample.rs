@@ -14,8 +14,9 @@ use super::Workflow;
 use super::hooks::{JournalHooks, lifecycle_metrics};
 use crate::error::Result;
 use crate::journal::{Entry, RolloutRecord, SampleKey, Verdict};
-use crate::proxy_ctl::{EndReport, Session};
+use crate::proxy_ctl::Session;
 use crate::resolve::{PromptRow, ResolvedStream};
+use rollout_proxy::control::wire::EndSessionReply;
 
 fn reject(record: &mut RolloutRecord, reason: &str, message: String) {
     tracing::warn!(sample = %record.key, reason, %message, "rollout rejected");
@@ -120,13 +121,13 @@ impl Workflow {
             harness: Some(stream.config.harness.clone()),
             task_envs: stream.config.task_envs.clone(),
             proxy_base_url: self.proxy_public_url.clone(),
-            session_key: session.key.clone(),
-            session_id: Some(session.id.clone()),
+            session_key: session.api_key.clone(),
+            session_id: Some(session.session_id.clone()),
             gateway_key: self.gateway_key.clone(),
             session_token: self
                 .gateway_key
                 .as_ref()
-                .map(|_| (self.session_token)(&session.id)),
+                .map(|_| (self.session_token)(&session.session_id)),
             run: RunOptions {
                 timeout: self.episode_timeout,
                 idempotency_key: self.idempotent_launch.then(|| format!("{}-{key}", self.run_id)),
@@ -141,14 +142,14 @@ impl Workflow {
     }
 
     /// `end_session`; a failure counts as the proxy's system error, as the reference records it.
-    async fn end_session(&self, session: &Session) -> EndReport {
-        match self.proxy.end(&session.id).await {
+    async fn end_session(&self, session: &Session) -> EndSessionReply {
+        match self.proxy.end(&session.session_id).await {
             Ok(end) => end,
             Err(e) => {
-                tracing::warn!(session = %session.id, error = %format!("{e:#}"), "end_session failed");
-                EndReport {
+                tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "end_session failed");
+                EndSessionReply {
                     system_error: true,
-                    ..EndReport::default()
+                    ..EndSessionReply::default()
                 }
             }
         }
@@ -165,9 +166,9 @@ impl Workflow {
     ) {
         let reward = routed.decision.reward();
         if let Some(r) = reward
-            && let Err(e) = self.proxy.set_reward(&session.id, r).await
+            && let Err(e) = self.proxy.set_reward(&session.session_id, r).await
         {
-            tracing::warn!(session = %session.id, error = %format!("{e:#}"), "set_reward failed");
+            tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "set_reward failed");
         }
         let trajectories = self.export(session, reward).await;
         let nonempty = reward.is_some() && !trajectories.is_empty();
@@ -204,12 +205,12 @@ impl Workflow {
     async fn export(&self, session: &Session, reward: Option<f64>) -> Vec<ExportedTrajectory> {
         let exported = self
             .proxy
-            .export(&session.id, self.export_style, self.turn_discount, reward)
+            .export(&session.session_id, self.export_style, self.turn_discount, reward)
             .await;
         match exported {
             Ok(e) => e.trajectories,
             Err(e) => {
-                tracing::warn!(session = %session.id, error = %format!("{e:#}"), "export failed");
+                tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "export failed");
                 Vec::new()
             }
         }

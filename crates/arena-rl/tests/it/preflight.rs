@@ -244,6 +244,15 @@ async fn each_failure_is_one_line_and_a_non_zero_exit() {
     }
     let line = failure(&sim, &one("swe", "team/swe", ""), &[], &[]).await;
     assert!(line.contains("ARENA_OPENAPI_TOKEN is required"), "{line}");
+    // A finite but huge timeout is one error line, not a panic.
+    for var in ["ARENA_PREFLIGHT_HTTP_TIMEOUT", "ARENA_PREFLIGHT_CONNECT_TIMEOUT"] {
+        let env = [("ARENA_OPENAPI_TOKEN", TOKEN), (var, "1e20")];
+        let line = failure(&sim, &one("swe", "team/swe", ""), &[], &env).await;
+        assert!(
+            line.contains(&format!("{var} must be a positive number of seconds")),
+            "{line}"
+        );
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = preflight(
         dir.path(),

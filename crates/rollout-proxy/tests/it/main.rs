@@ -4,6 +4,7 @@
 mod anthropic_sdk;
 mod chat;
 mod common;
+mod control;
 mod harness_cli;
 mod litellm;
 mod messages;

@@ -49,17 +49,17 @@ fn defaults_follow_the_reference() {
     assert_eq!(e.arena_result_dump_max_bytes, 1_000_000);
     assert_eq!(
         (
-            e.arena_request_timeout,
+            e.arena_request_timeout.get(),
             e.arena_request_retries,
-            e.arena_poll_interval
+            e.arena_poll_interval.get()
         ),
         (60.0, 3, 5.0)
     );
     assert_eq!(
         (
-            e.arena_registration_timeout,
-            e.arena_registration_probe_interval,
-            e.timeout
+            e.arena_registration_timeout.get(),
+            e.arena_registration_probe_interval.get(),
+            e.timeout.get()
         ),
         (180.0, 60.0, 1800.0)
     );
@@ -238,7 +238,8 @@ fn interpolation_resolves_env_and_keys_after_merging() {
         "/data/exp/trial-default/arena_results"
     );
     assert_eq!(
-        c.econfig.timeout, 900.0,
+        c.econfig.timeout.get(),
+        900.0,
         "a whole-string reference keeps its type"
     );
     assert_eq!(c.econfig.arena_task_envs["LITERAL"], "${not.a.ref}");
@@ -282,7 +283,7 @@ fn syntax_and_type_errors_name_file_line_and_key_path() {
     insta::assert_snapshot!(err("syntax.yaml"), @"<dir>/syntax.yaml:3:6: unclosed bracket '[' at line 3, column 6 (near key econtig.a)");
     insta::assert_snapshot!(err("type.yaml"), @r#"<dir>/type.yaml:4:3: econfig.arena_request_retries: invalid type: found string "many", expected u32"#);
     insta::assert_snapshot!(err("nested.yaml"), @"<dir>/nested.yaml:7:3: econfig.arena_llm_route_mode: unknown variant: found `tunnel`, expected `one of `gateway`, `session_gateway`, `direct``");
-    insta::assert_snapshot!(err("unknown.yaml"), @"<dir>/unknown.yaml:5:3: gconfig.topp: unknown field: found `topp`, expected `one of `n_samples`, `max_new_tokens`, `temperature`, `top_p`, `reward_normalization`, `drop_incomplete_group``");
+    insta::assert_snapshot!(err("unknown.yaml"), @"<dir>/unknown.yaml:5:3: gconfig.topp: unknown field: found `topp`, expected `one of `n_samples`, `max_new_tokens`, `temperature`, `top_p`, `top_k`, `harness_sampling`, `reward_normalization`, `drop_incomplete_group``");
     insta::assert_snapshot!(err("list.yaml"), @"<dir>/list.yaml: a run config must be a mapping, got a list");
     let secret = err("secret.yaml");
     assert!(!secret.contains("sk-very-secret"), "{secret}");

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::RouteMode;
 use crate::error::Collector;
 use crate::path::KeyPath;
+use crate::schema::Seconds;
 use crate::schema::lenient_json;
 use crate::vocab::LlmProtocol;
 
@@ -18,7 +19,8 @@ pub enum DatasetSource {
     /// Rows of Arena Streams (the only source arena-rl trains on).
     #[default]
     Arena,
-    /// A local JSONL file of prompts (the reference's non-Arena SWE path; accepted for config compatibility).
+    /// A local JSONL file of prompts (the reference's non-Arena SWE path). It parses, so that validation can
+    /// refuse it with a clear error: every launch needs an Arena Stream, so it cannot mean anything here.
     Jsonl,
 }
 
@@ -31,7 +33,7 @@ pub enum DatasetSource {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EConfig {
-    /// Where prompts come from: `arena` (default) or `jsonl`.
+    /// Where prompts come from: `arena`, the only source arena-rl accepts (the reference's `jsonl` is refused).
     pub dataset_source: DatasetSource,
     /// Legacy single-stream mode: the Arena stream id; empty means the first ACTIVE stream.
     pub stream_id: String,
@@ -51,15 +53,15 @@ pub struct EConfig {
     /// Arena control-plane base URL; the environment variable `ARENA_OPENAPI_BASE` also sets it.
     pub arena_base_url: String,
     /// Seconds allowed for stream and reward-ref lookups.
-    pub arena_request_timeout: f64,
+    pub arena_request_timeout: Seconds,
     /// Retries after a failed control-plane request (attempts = retries + 1).
     pub arena_request_retries: u32,
     /// Seconds between polls of a task's result.
-    pub arena_poll_interval: f64,
+    pub arena_poll_interval: Seconds,
     /// Seconds allowed to register, probe or delete an LLM route.
-    pub arena_registration_timeout: f64,
+    pub arena_registration_timeout: Seconds,
     /// Seconds between liveness probes of a registered session-gateway route.
-    pub arena_registration_probe_interval: f64,
+    pub arena_registration_probe_interval: Seconds,
     /// How Harnesses reach the rollout proxy: `gateway`, `session_gateway` or `direct`.
     pub arena_llm_route_mode: RouteMode,
     /// Protocols the registered route advertises to Arena's gateway.
@@ -78,7 +80,7 @@ pub struct EConfig {
     /// Legacy single-stream mode: reward transform name.
     pub arena_reward_transform_fn: String,
     /// Seconds one episode (launch and wait for the result) may take.
-    pub timeout: f64,
+    pub timeout: Seconds,
 }
 
 /// `Debug` withholds every `task_envs` and `arena_task_envs` value and redacts credentials elsewhere.
@@ -121,11 +123,11 @@ impl Default for EConfig {
             arena_result_dump_dir: String::new(),
             arena_result_dump_max_bytes: 1_000_000,
             arena_base_url: String::new(),
-            arena_request_timeout: 60.0,
+            arena_request_timeout: Seconds::of(60.0),
             arena_request_retries: 3,
-            arena_poll_interval: 5.0,
-            arena_registration_timeout: 180.0,
-            arena_registration_probe_interval: 60.0,
+            arena_poll_interval: Seconds::of(5.0),
+            arena_registration_timeout: Seconds::of(180.0),
+            arena_registration_probe_interval: Seconds::of(60.0),
             arena_llm_route_mode: RouteMode::Gateway,
             arena_inbound_protos: vec!["chat".to_string()],
             arena_idempotent_launch: false,
@@ -134,7 +136,7 @@ impl Default for EConfig {
             arena_task_envs: BTreeMap::new(),
             arena_reward_threshold: None,
             arena_reward_transform_fn: String::new(),
-            timeout: 1800.0,
+            timeout: Seconds::of(1800.0),
         }
     }
 }
@@ -153,9 +155,13 @@ impl EConfig {
             ("timeout", self.timeout),
         ];
         for (field, value) in seconds {
-            if !(value.is_finite() && value > 0.0) {
-                c.push(at.key(field), format!("must be finite and positive, got {value}"));
-            }
+            value.check(c, at.key(field));
+        }
+        if self.dataset_source == DatasetSource::Jsonl {
+            c.push(
+                at.key("dataset_source"),
+                "jsonl is not supported: every launch needs an Arena Stream, so prompts come only from `arena`",
+            );
         }
         let epoch = self.arena_mixture_epoch_size;
         if epoch < 0 {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Collector;
 use crate::path::KeyPath;
+use crate::schema::Seconds;
 
 /// How the model writes tool calls, as the proxy parses them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -73,9 +74,9 @@ pub struct ProxySection {
     /// Most sessions held at once.
     pub max_sessions: u32,
     /// Seconds a session may stay idle before it is dropped (the reference's `session_timeout_seconds`).
-    pub session_timeout_seconds: f64,
+    pub session_timeout_seconds: Seconds,
     /// Seconds an export waits for its session to end.
-    pub export_wait_timeout_seconds: f64,
+    pub export_wait_timeout_seconds: Seconds,
     /// How sessions are cut into trajectories: `concat` or `individual`.
     pub export_style: ExportStyle,
     /// Reward discount across a session's turns (`r_i += turn_discount * r_{i+1}`).
@@ -96,8 +97,8 @@ impl Default for ProxySection {
             public_url: String::new(),
             admin_key_env: "SWE_RL_ADMIN_API_KEY".to_string(),
             max_sessions: 4096,
-            session_timeout_seconds: 3600.0,
-            export_wait_timeout_seconds: 600.0,
+            session_timeout_seconds: Seconds::of(3600.0),
+            export_wait_timeout_seconds: Seconds::of(600.0),
             export_style: ExportStyle::Concat,
             turn_discount: 1.0,
             tool_call_parser: ToolCallParser::Hermes,
@@ -213,12 +214,6 @@ impl Default for MetricsSection {
     }
 }
 
-fn finite_positive(c: &mut Collector, path: KeyPath, value: f64) {
-    if !(value.is_finite() && value > 0.0) {
-        c.push(path, format!("must be finite and positive, got {value}"));
-    }
-}
-
 fn http_url(c: &mut Collector, path: KeyPath, value: &str) {
     let rest = value
         .strip_prefix("http://")
@@ -242,16 +237,10 @@ impl ProxySection {
         if self.max_sessions == 0 {
             c.push(path.key("max_sessions"), "must be >= 1, got 0");
         }
-        finite_positive(
-            c,
-            path.key("session_timeout_seconds"),
-            self.session_timeout_seconds,
-        );
-        finite_positive(
-            c,
-            path.key("export_wait_timeout_seconds"),
-            self.export_wait_timeout_seconds,
-        );
+        self.session_timeout_seconds
+            .check(c, path.key("session_timeout_seconds"));
+        self.export_wait_timeout_seconds
+            .check(c, path.key("export_wait_timeout_seconds"));
         let d = self.turn_discount;
         if !(d.is_finite() && (0.0..=1.0).contains(&d)) {
             c.push(path.key("turn_discount"), format!("must be in [0, 1], got {d}"));

@@ -99,7 +99,7 @@ fn loop_sections_have_the_reference_defaults() {
     let config = RunConfig::default();
     assert_eq!(config.proxy.export_style, ExportStyle::Concat);
     assert_eq!(config.proxy.turn_discount, 1.0);
-    assert_eq!(config.proxy.session_timeout_seconds, 3600.0);
+    assert_eq!(config.proxy.session_timeout_seconds.get(), 3600.0);
     assert_eq!(config.proxy.admin_key_env, "SWE_RL_ADMIN_API_KEY");
     assert_eq!(config.rollout.max_head_offpolicyness, 0);
     assert!(config.rollout.policy_servers.is_empty());
@@ -122,7 +122,7 @@ fn loop_sections_report_every_problem_at_once() {
     let text = problems.join("\n");
     for needle in [
         "proxy.turn_discount: must be in [0, 1], got 1.5",
-        "proxy.session_timeout_seconds: must be finite and positive, got 0",
+        "proxy.session_timeout_seconds: must be a positive number of seconds, at most 1e9, got 0",
         "rollout.max_concurrent_rollouts: must be >= 1 or null, got 0",
         "rollout.policy_servers[1]: \"ftp://b\" must be an http:// or https:// URL",
         "rollout.worker_index: must be below rollout.n_workers (2), got 2",
@@ -235,4 +235,255 @@ fn actor_update_knobs_report_every_problem_at_once() {
     override `actor.device=tpu`: actor.device: "tpu" is not a device: expected cpu, cuda or cuda:N
     override `actor.bf16_autocast=true`: actor.bf16_autocast: needs a CUDA device (actor.device: cuda)
     "#);
+}
+
+/// Every number in the default config whose key names a duration, by dotted path.
+fn duration_paths(value: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+    if let Some(obj) = value.as_object() {
+        for (k, v) in obj {
+            let path = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            let named = k.contains("timeout") || k.contains("interval") || k.ends_with("_seconds");
+            if named && v.is_number() {
+                out.push(path);
+            } else {
+                duration_paths(v, &path, out);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_duration_setting_is_one_error_naming_it_when_out_of_range() {
+    let mut paths = Vec::new();
+    duration_paths(
+        &serde_json::to_value(RunConfig::default()).unwrap(),
+        "",
+        &mut paths,
+    );
+    // The list is found, not written down, so a new duration setting added as a plain float fails here.
+    assert_eq!(
+        paths,
+        [
+            "econfig.arena_request_timeout",
+            "econfig.arena_poll_interval",
+            "econfig.arena_registration_timeout",
+            "econfig.arena_registration_probe_interval",
+            "econfig.timeout",
+            "proxy.session_timeout_seconds",
+            "proxy.export_wait_timeout_seconds",
+        ]
+    );
+    for path in &paths {
+        for bad in ["0", "-1", "1e20", "1000000001", "inf", "nan"] {
+            let problems = loop_problems(&[&format!("{path}={bad}")]);
+            assert_eq!(problems.len(), 1, "{path}={bad}: {problems:?}");
+            assert!(
+                problems[0].contains(&format!(
+                    "{path}: must be a positive number of seconds, at most 1e9"
+                )),
+                "{path}={bad}: {}",
+                problems[0]
+            );
+        }
+        let ok = crate::load_run_config_str(
+            "run.yaml",
+            "{}",
+            &[
+                "experiment_name=e".into(),
+                "trial_name=t".into(),
+                format!("{path}=0.25"),
+            ],
+            &Env::default(),
+        )
+        .unwrap();
+        let value = serde_json::to_value(&ok).unwrap();
+        let field = path.split('.').fold(&value, |v, k| &v[k]);
+        let seconds: Seconds = serde_json::from_value(field.clone()).unwrap();
+        assert_eq!(
+            seconds.duration(),
+            std::time::Duration::from_millis(250),
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn durations_keep_their_plain_number_forms() {
+    let yaml = "experiment_name: e\ntrial_name: t\neconfig:\n  timeout: 1800\n  arena_poll_interval: 0.5\n";
+    let env = Env::from_pairs([
+        ("ARENA_RL_PROXY__SESSION_TIMEOUT_SECONDS", "90"),
+        ("ARENA_RL_ECONFIG__ARENA_REQUEST_TIMEOUT", "2.5"),
+    ]);
+    let c = crate::load_run_config_str(
+        "run.yaml",
+        yaml,
+        &["proxy.export_wait_timeout_seconds=7".into()],
+        &env,
+    )
+    .unwrap();
+    use std::time::Duration;
+    assert_eq!(c.econfig.timeout.duration(), Duration::from_secs(1800));
+    assert_eq!(
+        c.econfig.arena_poll_interval.duration(),
+        Duration::from_millis(500)
+    );
+    assert_eq!(
+        c.proxy.session_timeout_seconds.duration(),
+        Duration::from_secs(90)
+    );
+    assert_eq!(
+        c.econfig.arena_request_timeout.duration(),
+        Duration::from_millis(2500)
+    );
+    assert_eq!(
+        c.proxy.export_wait_timeout_seconds.duration(),
+        Duration::from_secs(7)
+    );
+    // The reference's own variable still sets the episode deadline.
+    let env = Env::from_pairs([("ARENA_TASK_WAIT_TIMEOUT", "7200")]);
+    let c = crate::load_run_config_str("run.yaml", "experiment_name: e\ntrial_name: t\n", &[], &env).unwrap();
+    assert_eq!(c.econfig.timeout.duration(), Duration::from_secs(7200));
+    // Saved as plain numbers.
+    assert_eq!(c.to_redacted_json().unwrap()["econfig"]["timeout"], 7200.0);
+    // YAML's own infinity is one validation problem too.
+    let e = crate::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\neconfig:\n  timeout: .inf\n",
+        &[],
+        &Env::default(),
+    )
+    .unwrap_err();
+    let problems = e.problems();
+    assert_eq!(problems.len(), 1, "{e}");
+    assert_eq!(problems[0].path, "econfig.timeout");
+}
+
+#[test]
+fn seconds_never_panic_and_accept_only_what_validation_accepts() {
+    use std::time::Duration;
+    assert_eq!(
+        Seconds::new(1.5).map(Seconds::duration),
+        Some(Duration::from_millis(1500))
+    );
+    assert_eq!(Seconds::new(Seconds::MAX).map(Seconds::get), Some(1e9));
+    for bad in [0.0, -1.0, 1e20, f64::INFINITY, f64::NAN, Seconds::MAX * 1.000_001] {
+        assert!(Seconds::new(bad).is_none(), "{bad}");
+    }
+    // A value that never passed validation still converts without a panic.
+    for (raw, expected) in [
+        (1e20, Duration::from_secs(1_000_000_000)),
+        (f64::INFINITY, Duration::from_secs(1_000_000_000)),
+        (-5.0, Duration::ZERO),
+        (f64::NAN, Duration::ZERO),
+    ] {
+        assert_eq!(Seconds::of(raw).duration(), expected, "{raw}");
+    }
+}
+
+#[test]
+fn run_names_stay_one_directory_under_the_fileroot() {
+    for field in ["experiment_name", "trial_name"] {
+        for bad in ["..", ".", "a/b", "/abs", "../up", "a\\b"] {
+            let problems = loop_problems(&[&format!("{field}={bad}")]);
+            assert_eq!(problems.len(), 1, "{field}={bad}: {problems:?}");
+            assert!(
+                problems[0].contains(&format!("{field}: ")) && problems[0].contains("one directory name"),
+                "{field}={bad}: {}",
+                problems[0]
+            );
+        }
+        for good in ["run-1", "v1.2", "..x", "a b"] {
+            assert_eq!(
+                loop_problems(&[&format!("{field}={good}")]),
+                Vec::<String>::new(),
+                "{good}"
+            );
+        }
+    }
+    // NUL cannot be written in an override; set it directly.
+    let config = RunConfig {
+        experiment_name: "e\0x".into(),
+        trial_name: "t".into(),
+        ..RunConfig::default()
+    };
+    let problems = config.problems(&Env::default());
+    assert_eq!(problems.len(), 1);
+    assert_eq!(problems[0].path, "experiment_name");
+}
+
+#[test]
+fn a_jsonl_dataset_source_is_refused() {
+    let problems = loop_problems(&["econfig.dataset_source=jsonl"]);
+    assert_eq!(
+        problems,
+        [
+            "override `econfig.dataset_source=jsonl`: econfig.dataset_source: jsonl is not supported: every launch needs an Arena Stream, so prompts come only from `arena`"
+        ]
+    );
+}
+
+#[test]
+fn top_k_and_harness_sampling_parse_and_validate() {
+    let g = GenerationConfig::default();
+    assert_eq!((g.top_k, g.top_k_limit()), (None, None));
+    assert_eq!(g.harness_sampling, HarnessSampling::Honour);
+    let load = |overrides: &[&str]| {
+        let mut all = vec!["experiment_name=e".to_string(), "trial_name=t".to_string()];
+        all.extend(overrides.iter().map(|o| (*o).to_string()));
+        crate::load_run_config_str("run.yaml", "{}", &all, &Env::default()).map(|c| c.gconfig)
+    };
+    let g = load(&["gconfig.top_k=50", "gconfig.harness_sampling=override"]).unwrap();
+    assert_eq!((g.top_k, g.top_k_limit()), (Some(50), Some(50)));
+    assert_eq!(g.harness_sampling, HarnessSampling::Override);
+    let g = load(&["gconfig.top_k=-1"]).unwrap();
+    assert_eq!(g.top_k_limit(), None, "-1 is SGLang's spelling of no top-k");
+    assert_eq!(load(&["gconfig.top_k=1"]).unwrap().top_k_limit(), Some(1));
+    for bad in ["0", "-2", "4294967296"] {
+        let problems = loop_problems(&[&format!("gconfig.top_k={bad}")]);
+        assert_eq!(problems.len(), 1, "{bad}: {problems:?}");
+        assert!(
+            problems[0].ends_with(&format!(
+                "gconfig.top_k: must be >= 1 (at most 4294967295), or -1 or null for no top-k, got {bad}"
+            )),
+            "{}",
+            problems[0]
+        );
+    }
+    let e = load(&["gconfig.harness_sampling=ignore"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gconfig.harness_sampling: unknown variant"), "{e}");
+}
+
+#[test]
+fn temperature_and_top_p_refuse_what_sampling_cannot_use() {
+    assert_eq!(
+        loop_problems(&["gconfig.temperature=0", "gconfig.top_p=1"]),
+        Vec::<String>::new()
+    );
+    for (over, needle) in [
+        (
+            "gconfig.temperature=-0.1",
+            "gconfig.temperature: must be finite and >= 0, got -0.1",
+        ),
+        (
+            "gconfig.temperature=inf",
+            "gconfig.temperature: must be finite and >= 0, got inf",
+        ),
+        (
+            "gconfig.temperature=nan",
+            "gconfig.temperature: must be finite and >= 0, got NaN",
+        ),
+        ("gconfig.top_p=0", "gconfig.top_p: must be in (0, 1], got 0"),
+        ("gconfig.top_p=1.01", "gconfig.top_p: must be in (0, 1], got 1.01"),
+        ("gconfig.top_p=nan", "gconfig.top_p: must be in (0, 1], got NaN"),
+    ] {
+        let problems = loop_problems(&[over]);
+        assert_eq!(problems.len(), 1, "{over}: {problems:?}");
+        assert!(problems[0].ends_with(needle), "{over}: {}", problems[0]);
+    }
 }

@@ -150,6 +150,26 @@ fn duplicate_stream_ids_and_names_are_rejected() {
 }
 
 #[test]
+fn duplicates_are_reported_with_the_other_problems_of_either_entry() {
+    // The first entry is invalid (a bad weight), the second duplicates its name and id, the third and
+    // fourth are both invalid and share an id: every problem appears, the duplicates included.
+    let err = error_of(&inline(vec![
+        json!({"name": "a", "stream_id": "s1", "sampling_weight": -1}),
+        json!({"name": "a", "stream_id": "s1"}),
+        json!({"name": "b", "stream_id": "s2", "llm_protocol": "gemini"}),
+        json!({"name": "c", "stream_id": "s2", "task_envs": []}),
+    ]));
+    insta::assert_snapshot!(err.replace("; (", ";\n("), @r#"
+    6 problems: (1) econfig.arena_streams[0].sampling_weight: Arena Stream "a": sampling_weight must be finite and positive, got -1;
+    (2) econfig.arena_streams[2].llm_protocol: Arena Stream "b": unsupported llm_protocol "gemini": expected one of anthropic, responses, chat_completions;
+    (3) econfig.arena_streams[3].task_envs: Arena Stream "c": task_envs must be a mapping of strings to strings, got a list;
+    (4) econfig.arena_streams[1].name: Arena Stream names must be unique: "a" is also the name of econfig.arena_streams[0];
+    (5) econfig.arena_streams[1].stream_id: Arena Stream ids must be unique: streams "a" and "a" both use stream_id "s1";
+    (6) econfig.arena_streams[3].stream_id: Arena Stream ids must be unique: streams "b" and "c" both use stream_id "s2"
+    "#);
+}
+
+#[test]
 fn every_per_entry_rule_names_its_stream_field_and_value() {
     // Spec 2.3, rules 1-10, all reported at once.
     let err = error_of(&inline(vec![

@@ -72,7 +72,6 @@ fn task_type_comes_from_exactly_one_domain() {
     assert_eq!(task_type_from_tags(None), "unknown");
 }
 
-
 #[test]
 fn metric_task_types_are_trimmed_or_unknown() {
     assert_eq!(metric_task_type(" swe "), "swe");
