@@ -3,8 +3,10 @@
 //!
 //! Rollout metrics arrive as reward-routing's plain `(name, value)` records; [`StepMetrics`] averages every
 //! name over one step (so 0/1 lifecycle flags become rates), and [`MetricsSink`] writes the averages as one
-//! JSONL line and one TensorBoard scalar per name. `rollout/reward` is the mean training reward of the step
-//! before normalisation.
+//! JSONL line and one TensorBoard scalar per name, except the reference's per-row records
+//! (`debug/task/<data_id>/raw_reward`): their names grow with the dataset, so they go to `metrics.jsonl`
+//! only, where the reference's contract wants them, and TensorBoard's tags stay a fixed set.
+//! `rollout/reward` is the mean training reward of the step before normalisation.
 
 pub mod curve;
 pub mod tfevents;
@@ -162,7 +164,8 @@ impl MetricsSink {
                 .context("cannot append to metrics.jsonl")?;
         }
         if let Some(tb) = &mut self.tensorboard {
-            tb.scalars(step as i64, &means)?;
+            let bounded: Vec<(String, f64)> = means.into_iter().filter(|(k, _)| !per_row(k)).collect();
+            tb.scalars(step as i64, &bounded)?;
         }
         Ok(())
     }
@@ -183,6 +186,12 @@ impl MetricsSink {
     pub fn tensorboard_path(&self) -> Option<&Path> {
         self.tensorboard.as_ref().map(EventWriter::path)
     }
+}
+
+/// Whether a metric is a per-row record (`debug/task/<data_id>/...`), one name per dataset row.
+fn per_row(name: &str) -> bool {
+    name.strip_prefix(reward_routing::DEBUG_SCOPE)
+        .is_some_and(|rest| rest.starts_with("/task/"))
 }
 
 /// This machine's hostname (for event file names).
@@ -211,3 +220,6 @@ pub fn phase_bar(enabled: bool, phase: &str, len: u64) -> ProgressBar {
     bar.set_prefix(phase.to_string());
     bar
 }
+
+#[cfg(test)]
+mod tests;

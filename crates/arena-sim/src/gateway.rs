@@ -12,27 +12,32 @@
 //! model is a 404. Faults from the world's rules apply as on the control plane.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderName, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 use stream_config::LlmProtocol;
 
+use crate::admission::{Admitted, RequestHead, admit_with, finish, parse_body, record};
+use crate::arena::Arena;
 use crate::fault::{Endpoint, FaultKind};
 use crate::harness::lock;
-use crate::server::{Call, Req, Shared, Sim, admit, finish, marker_403, parse_body};
 use crate::state::GatewayCounters;
 
 /// The largest request body the gateway accepts (Claude Code sends about 100 KB per turn).
 const MAX_BODY: usize = 32 * 1024 * 1024;
 
-/// The gateway's routes, to merge into the control plane's router.
-pub(crate) fn routes() -> Router<Arc<Shared>> {
+/// What a gateway handler answers: `Err` for a refusal in the caller's protocol, `Ok` for what the
+/// upstream said (or what a fault made of it).
+type Answer = Result<Response, Response>;
+
+/// The gateway's routes, to merge with the control plane's.
+pub(crate) fn routes() -> Router<Arc<Arena>> {
     Router::new()
         .route("/api/v1/messages", post(messages))
         .route("/api/v1/messages/count_tokens", post(count_tokens))
@@ -43,41 +48,24 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
-async fn messages(sim: Sim, req: Req, bytes: Bytes) -> Response {
-    forward(sim, req, bytes, Endpoint::GatewayMessages, LlmProtocol::Anthropic).await
+async fn messages(State(arena): State<Arc<Arena>>, req: RequestHead, bytes: Bytes) -> Answer {
+    let call = GatewayCall::new(Endpoint::GatewayMessages, LlmProtocol::Anthropic);
+    call.forward(arena, req, bytes).await
 }
 
-async fn count_tokens(sim: Sim, req: Req, bytes: Bytes) -> Response {
-    forward(
-        sim,
-        req,
-        bytes,
-        Endpoint::GatewayCountTokens,
-        LlmProtocol::Anthropic,
-    )
-    .await
+async fn count_tokens(State(arena): State<Arc<Arena>>, req: RequestHead, bytes: Bytes) -> Answer {
+    let call = GatewayCall::new(Endpoint::GatewayCountTokens, LlmProtocol::Anthropic);
+    call.forward(arena, req, bytes).await
 }
 
-async fn chat(sim: Sim, req: Req, bytes: Bytes) -> Response {
-    forward(
-        sim,
-        req,
-        bytes,
-        Endpoint::GatewayChat,
-        LlmProtocol::ChatCompletions,
-    )
-    .await
+async fn chat(State(arena): State<Arc<Arena>>, req: RequestHead, bytes: Bytes) -> Answer {
+    let call = GatewayCall::new(Endpoint::GatewayChat, LlmProtocol::ChatCompletions);
+    call.forward(arena, req, bytes).await
 }
 
-async fn responses(sim: Sim, req: Req, bytes: Bytes) -> Response {
-    forward(
-        sim,
-        req,
-        bytes,
-        Endpoint::GatewayResponses,
-        LlmProtocol::Responses,
-    )
-    .await
+async fn responses(State(arena): State<Arc<Arena>>, req: RequestHead, bytes: Bytes) -> Answer {
+    let call = GatewayCall::new(Endpoint::GatewayResponses, LlmProtocol::Responses);
+    call.forward(arena, req, bytes).await
 }
 
 /// The `inbound_protos` label of a protocol.
@@ -96,122 +84,130 @@ struct Upstream {
     model: String,
 }
 
-async fn forward(
-    axum::extract::State(sim): Sim,
-    req: Req,
-    bytes: Bytes,
+/// One gateway call: the endpoint it counts under and the caller's protocol, which its errors speak.
+#[derive(Clone, Copy)]
+struct GatewayCall {
     endpoint: Endpoint,
     protocol: LlmProtocol,
-) -> Response {
-    let key = caller_key(&req.headers);
-    let authorized = !key.is_empty() && sim.llm_api_key.as_ref().is_none_or(|k| *k == key);
-    let body = parse_body(&bytes);
-    let (fault, in_flight) = admit(&sim, endpoint, Method::POST, &req, body.clone(), authorized);
-    count(&sim, protocol, |c| c.requests += 1);
-    if !authorized {
-        count(&sim, protocol, |c| c.unauthorized += 1);
-        return error(
-            protocol,
-            StatusCode::UNAUTHORIZED,
-            "invalid or missing LLM API key",
-        );
+}
+
+impl GatewayCall {
+    fn new(endpoint: Endpoint, protocol: LlmProtocol) -> Self {
+        Self { endpoint, protocol }
     }
-    let call = match fault {
-        Some(FaultKind::Status(code)) => {
-            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error(protocol, status, "injected fault");
-        }
-        Some(FaultKind::Marker403) => return marker_403(),
-        Some(FaultKind::DelayMs(ms)) => {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            Call {
-                fault: None,
-                _in_flight: in_flight,
-            }
-        }
-        other => Call {
-            fault: other,
-            _in_flight: in_flight,
-        },
-    };
-    let model = body
-        .as_ref()
-        .and_then(|b| b.get("model"))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let Some(model) = model else {
-        count(&sim, protocol, |c| c.bad_requests += 1);
-        return error(
-            protocol,
-            StatusCode::BAD_REQUEST,
-            "the body must be a JSON object with a string `model`",
-        );
-    };
-    let model = model.as_str();
-    let upstream = match resolve(&sim, &call, model, protocol, &req) {
-        Ok(u) => u,
-        Err(response) => return *response,
-    };
-    let outgoing = if upstream.model == model {
-        bytes
-    } else {
-        let mut body = body.unwrap_or(Value::Null);
-        body["model"] = json!(upstream.model);
-        Bytes::from(body.to_string())
-    };
-    let mut headers = end_to_end(&req.headers);
-    for (name, value) in [
-        (header::AUTHORIZATION, format!("Bearer {}", upstream.api_key)),
-        (HeaderName::from_static("x-api-key"), upstream.api_key.clone()),
-    ] {
-        match value.parse() {
-            Ok(v) => {
-                headers.insert(name, v);
-            }
-            Err(_) => {
-                count(&sim, protocol, |c| c.upstream_errors += 1);
-                return error(
-                    protocol,
-                    StatusCode::BAD_GATEWAY,
-                    "the route's upstream api_key is not a valid header value",
-                );
-            }
-        }
+
+    /// An error in the caller's protocol.
+    fn error(self, status: StatusCode, message: &str) -> Response {
+        error(self.protocol, status, message)
     }
-    let sent = sim
-        .http
-        .post(&upstream.url)
-        .headers(headers)
-        .body(outgoing)
-        .send()
-        .await;
-    let answer = match sent {
-        Ok(a) => a,
-        Err(e) => {
-            count(&sim, protocol, |c| c.upstream_errors += 1);
-            tracing::warn!(model, url = %upstream.url, error = %e, "gateway upstream unreachable");
-            return error(
-                protocol,
+
+    /// Counts on the caller protocol's gateway counters.
+    fn count(self, arena: &Arena, f: impl FnOnce(&mut GatewayCounters)) {
+        count(arena, self.protocol, f);
+    }
+
+    async fn forward(self, arena: Arc<Arena>, req: RequestHead, bytes: Bytes) -> Answer {
+        let body = parse_body(&bytes);
+        let admitted = self.admit(&arena, &req, body.clone()).await?;
+        let model = body
+            .as_ref()
+            .and_then(|b| b.get("model"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let Some(model) = model else {
+            self.count(&arena, |c| c.bad_requests += 1);
+            return Err(self.error(
+                StatusCode::BAD_REQUEST,
+                "the body must be a JSON object with a string `model`",
+            ));
+        };
+        let upstream = resolve(&arena, &admitted, &model, self.protocol, &req)?;
+        let outgoing = if upstream.model == model {
+            bytes
+        } else {
+            let mut body = body.unwrap_or(Value::Null);
+            body["model"] = json!(upstream.model);
+            Bytes::from(body.to_string())
+        };
+        let headers = self.upstream_headers(&arena, &req.headers, &upstream.api_key)?;
+        let sent = arena
+            .http
+            .post(&upstream.url)
+            .headers(headers)
+            .body(outgoing)
+            .send()
+            .await;
+        let answer = sent.map_err(|e| {
+            self.count(&arena, |c| c.upstream_errors += 1);
+            tracing::warn!(model = %model, url = %upstream.url, error = %e, "gateway upstream unreachable");
+            self.error(
                 StatusCode::BAD_GATEWAY,
                 &format!("the upstream of model {model} could not be reached"),
-            );
+            )
+        })?;
+        self.count(&arena, |c| c.forwarded += 1);
+        if matches!(admitted.fault, Some(FaultKind::Drop | FaultKind::NonJson)) {
+            // The model got the request and answered; the caller gets a lost response or a maintenance page.
+            drop(answer);
+            return Ok(finish(&admitted, StatusCode::OK.into_response()));
         }
-    };
-    count(&sim, protocol, |c| c.forwarded += 1);
-    if matches!(call.fault, Some(FaultKind::Drop | FaultKind::NonJson)) {
-        // The model got the request and answered; the caller gets a lost response or a maintenance page.
-        drop(answer);
-        return finish(&call, StatusCode::OK.into_response());
+        Ok(stream_back(answer, admitted))
     }
+
+    /// Records the request, checks the caller's LLM key and applies the faults due before forwarding.
+    async fn admit(
+        self,
+        arena: &Arc<Arena>,
+        req: &RequestHead,
+        body: Option<Value>,
+    ) -> Result<Admitted, Response> {
+        let key = caller_key(&req.headers);
+        let authorized = !key.is_empty() && arena.llm_api_key.as_ref().is_none_or(|k| *k == key);
+        let (fault, in_flight) = record(arena, self.endpoint, Method::POST, req, body, authorized);
+        self.count(arena, |c| c.requests += 1);
+        if !authorized {
+            self.count(arena, |c| c.unauthorized += 1);
+            return Err(self.error(StatusCode::UNAUTHORIZED, "invalid or missing LLM API key"));
+        }
+        admit_with(fault, in_flight, |status, message| self.error(status, message)).await
+    }
+
+    /// The caller's end-to-end headers with the upstream key as both bearer and `x-api-key`.
+    fn upstream_headers(
+        self,
+        arena: &Arena,
+        caller: &HeaderMap,
+        api_key: &str,
+    ) -> Result<HeaderMap, Response> {
+        let mut headers = end_to_end(caller);
+        for (name, value) in [
+            (header::AUTHORIZATION, format!("Bearer {api_key}")),
+            (HeaderName::from_static("x-api-key"), api_key.to_string()),
+        ] {
+            let Ok(value) = value.parse() else {
+                self.count(arena, |c| c.upstream_errors += 1);
+                return Err(self.error(
+                    StatusCode::BAD_GATEWAY,
+                    "the route's upstream api_key is not a valid header value",
+                ));
+            };
+            headers.insert(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+/// The upstream's answer, streamed back as it arrives, without its hop-by-hop headers.
+fn stream_back(answer: reqwest::Response, admitted: Admitted) -> Response {
     let mut response = Response::builder().status(answer.status());
     for (name, value) in answer.headers() {
         if !is_hop_by_hop(name) {
             response = response.header(name, value);
         }
     }
-    // The call moves into the body stream, so the request counts as in flight until the body is done.
+    // The admission moves into the body stream, so the request counts as in flight until the body is done.
     let stream = futures::StreamExt::map(answer.bytes_stream(), move |chunk| {
-        let _in_flight = &call;
+        let _in_flight = &admitted;
         chunk.map_err(std::io::Error::other)
     });
     response
@@ -221,24 +217,24 @@ async fn forward(
 
 /// Finds the route's endpoint for the caller's protocol, applying a route-collecting fault first.
 fn resolve(
-    sim: &Arc<Shared>,
-    call: &Call,
+    arena: &Arena,
+    admitted: &Admitted,
     model: &str,
     protocol: LlmProtocol,
-    req: &Req,
-) -> std::result::Result<Upstream, Box<Response>> {
-    let mut state = lock(&sim.state);
-    if call.fault == Some(FaultKind::GcRoute) {
+    req: &RequestHead,
+) -> Result<Upstream, Response> {
+    let mut state = lock(&arena.state);
+    if admitted.fault == Some(FaultKind::GcRoute) {
         state.remove_route(model, true);
     }
     let Some(route) = state.routes.get_mut(model) else {
         drop(state);
-        count(sim, protocol, |c| c.unknown_model += 1);
-        return Err(Box::new(error(
+        count(arena, protocol, |c| c.unknown_model += 1);
+        return Err(error(
             protocol,
             StatusCode::NOT_FOUND,
             &format!("model {model} is not a registered route"),
-        )));
+        ));
     };
     route.last_touch = Instant::now();
     let label = inbound_label(protocol);
@@ -257,14 +253,14 @@ fn resolve(
     });
     let Some(e) = chosen else {
         drop(state);
-        count(sim, protocol, |c| c.unsupported_protocol += 1);
+        count(arena, protocol, |c| c.unsupported_protocol += 1);
         let offered: Vec<&str> = endpoints
             .iter()
             .filter_map(|e| e.get("inbound_protos").and_then(Value::as_array))
             .flatten()
             .filter_map(Value::as_str)
             .collect();
-        return Err(Box::new(error(
+        return Err(error(
             protocol,
             StatusCode::BAD_REQUEST,
             &format!(
@@ -272,7 +268,7 @@ fn resolve(
                  [{}]); this gateway does not translate between protocols",
                 offered.join(", ")
             ),
-        )));
+        ));
     };
     let text = |field: &str| {
         e.get(field)
@@ -366,9 +362,9 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn count(sim: &Shared, protocol: LlmProtocol, f: impl FnOnce(&mut GatewayCounters)) {
-    f(lock(&sim.state).counters.gateway.entry(protocol).or_default());
-    sim.bump();
+fn count(arena: &Arena, protocol: LlmProtocol, f: impl FnOnce(&mut GatewayCounters)) {
+    f(lock(&arena.state).counters.gateway.entry(protocol).or_default());
+    arena.bump();
 }
 
 /// An error in the caller's protocol: Anthropic's `{"type":"error","error":{type,message}}` or OpenAI's

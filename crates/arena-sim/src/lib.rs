@@ -32,6 +32,14 @@
 //! Entry points: [`World`] (YAML or code, [`World::quickstart`]), [`ArenaSim::start`] /
 //! [`ArenaSim::builder`], [`tasks::TaskInstance`], and the `arena-sim` binary.
 
+// Handlers and state transitions stay short enough to read at once (threshold in the crate's clippy.toml).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// A handler's `Err` is the HTTP answer to a refused request, moved once on its way out: boxing it buys nothing.
+#![allow(clippy::result_large_err)]
+
+mod admission;
+mod arena;
+mod control;
 mod error;
 mod fault;
 mod gateway;

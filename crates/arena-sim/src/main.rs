@@ -4,6 +4,8 @@
 //! key, so a script can serve a built-in world with credentials of its own without putting them on a command
 //! line or in a file.
 
+#![warn(clippy::too_many_lines)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -1,4 +1,10 @@
-//! The mutable state of a running sim: streams, tasks, routes, counters and the request log.
+//! The mutable state of a running sim: streams, tasks, routes, counters and the request log, and what the
+//! endpoints do to it under its lock (a launch, a registration, a cancel), so that unit tests
+//! reach it without HTTP.
+
+mod launch;
+
+pub(crate) use launch::{LaunchRefused, LaunchSettings, Launched};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -173,6 +179,22 @@ impl TaskState {
         body
     }
 
+    /// The envelope a launch answered `Final` replies with once the outcome is in: the outcome itself,
+    /// with no progress statuses left for polls.
+    pub(crate) fn final_envelope(&mut self) -> Value {
+        self.progress.clear();
+        self.poll()
+    }
+
+    /// The envelope a launch answered `Pending` replies with (202): `PENDING` and any placeholder score.
+    pub(crate) fn pending_envelope(&self) -> Value {
+        let mut e = json!({"task_id": self.task_id, "status": "PENDING"});
+        if let Some(s) = self.placeholder_score {
+            e["score"] = json!(s);
+        }
+        e
+    }
+
     pub(crate) fn current_status(&self) -> String {
         match &self.outcome {
             Some(o) if self.progress.is_empty() => o.status.clone(),
@@ -227,7 +249,7 @@ impl StreamState {
     }
 }
 
-pub(crate) struct State {
+pub(crate) struct ArenaState {
     pub(crate) streams: Vec<StreamState>,
     pub(crate) harness_versions: HashMap<(String, String), String>,
     pub(crate) routes: BTreeMap<String, RouteState>,
@@ -240,7 +262,7 @@ pub(crate) struct State {
     pub(crate) route_gc_idle: Option<Duration>,
 }
 
-impl State {
+impl ArenaState {
     pub(crate) fn new(world: &World) -> Self {
         let now = Instant::now();
         let routes = world
@@ -325,6 +347,68 @@ impl State {
         self.counters.live_routes = self.routes.len();
     }
 
+    /// Registers a route (E6); `None` when the name is taken.
+    pub(crate) fn register_route(
+        &mut self,
+        name: &str,
+        deployment_id: String,
+        payload: Value,
+    ) -> Option<RouteInfo> {
+        if self.routes.contains_key(name) {
+            return None;
+        }
+        let count = self
+            .counters
+            .registrations_by_name
+            .entry(name.to_string())
+            .or_default();
+        *count += 1;
+        let info = RouteInfo {
+            model_name: name.to_string(),
+            deployment_id,
+            payload,
+            registrations: *count,
+        };
+        self.routes.insert(
+            name.to_string(),
+            RouteState {
+                info: info.clone(),
+                last_touch: Instant::now(),
+            },
+        );
+        self.counters.registrations += 1;
+        self.counters.live_routes = self.routes.len();
+        Some(info)
+    }
+
+    /// Cancels a task: a running one ends `CANCELLED` (and counts); a finished one keeps its outcome.
+    /// Answers the status a poll sees now, or `None` for an unknown task.
+    pub(crate) fn cancel(&mut self, task_id: &str) -> Option<String> {
+        let task = self.tasks.get_mut(task_id)?;
+        let was_running = task.outcome.is_none();
+        if let Some(abort) = task.abort.take() {
+            abort.abort();
+        }
+        if was_running {
+            task.outcome = Some(HarnessOutcome {
+                status: "CANCELLED".to_string(),
+                score: None,
+                raw: Value::Null,
+                artifacts_uri: None,
+                trace_id: None,
+                computed_at: None,
+                progress: Vec::new(),
+                envelope: Envelope::Plain,
+            });
+            task.progress.clear();
+        }
+        let status = task.current_status();
+        if was_running {
+            self.counters.cancels += 1;
+        }
+        Some(status)
+    }
+
     pub(crate) fn remove_route(&mut self, name: &str, gc: bool) -> bool {
         let removed = self.routes.remove(name).is_some();
         if removed {
@@ -338,3 +422,6 @@ impl State {
         removed
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -53,13 +53,13 @@ pub(crate) async fn health(State(state): State<ProxyState>) -> Response {
     .into_response()
 }
 
-/// `GET /metrics`, Prometheus text format.
+/// `GET /metrics`, OpenMetrics text format (which Prometheus scrapes).
 pub(crate) async fn metrics(State(state): State<ProxyState>) -> Response {
     let text = state.shared().metrics.render(&state.gauges());
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     response
 }

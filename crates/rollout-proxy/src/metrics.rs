@@ -1,42 +1,68 @@
-//! Counters for `GET /metrics`, rendered in the Prometheus text format: requests by endpoint and status,
-//! latencies, tokens, sessions, and errors by kind.
+//! Counters for `GET /metrics`, exposed in the OpenMetrics text format by `prometheus-client`: requests by
+//! endpoint and status, latencies, tokens, sessions, and errors by kind.
+//!
+//! Counter families are named without `_total` here; the OpenMetrics encoder appends it to each sample, so
+//! Prometheus stores the same series names as before (`rollout_proxy_requests_total`, ...).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use std::time::Duration;
+
+/// The `Content-Type` of the exposition.
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 const BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
 ];
 
-#[derive(Debug, Default)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: &'static str,
+    status: u16,
 }
 
-/// The proxy's counters.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    kind: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+/// The proxy's counters, and the registry that exposes them.
 pub(crate) struct Metrics {
-    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
-    latency: Mutex<BTreeMap<&'static str, Histogram>>,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
-    pub(crate) prompt_tokens: AtomicU64,
-    pub(crate) completion_tokens: AtomicU64,
-    pub(crate) generations: AtomicU64,
-    pub(crate) aborted_generations: AtomicU64,
-    pub(crate) prefix_mismatches: AtomicU64,
-    pub(crate) sessions_started: AtomicU64,
-    pub(crate) sessions_ended: AtomicU64,
-    pub(crate) sessions_exported: AtomicU64,
-    pub(crate) sessions_expired: AtomicU64,
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    errors: Family<ErrorLabels, Counter>,
+    pub(crate) prompt_tokens: Counter,
+    pub(crate) completion_tokens: Counter,
+    pub(crate) generations: Counter,
+    pub(crate) aborted_generations: Counter,
+    pub(crate) prefix_mismatches: Counter,
+    pub(crate) sessions_started: Counter,
+    pub(crate) sessions_ended: Counter,
+    pub(crate) sessions_exported: Counter,
+    pub(crate) sessions_expired: Counter,
+    live_sessions: Gauge,
+    stored_tokens: Gauge,
+    reserved_tokens: Gauge,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 /// Gauges read from the session store when rendering.
@@ -46,146 +72,152 @@ pub(crate) struct Gauges {
     pub(crate) reserved_tokens: u64,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut m = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+            prompt_tokens: Counter::default(),
+            completion_tokens: Counter::default(),
+            generations: Counter::default(),
+            aborted_generations: Counter::default(),
+            prefix_mismatches: Counter::default(),
+            sessions_started: Counter::default(),
+            sessions_ended: Counter::default(),
+            sessions_exported: Counter::default(),
+            sessions_expired: Counter::default(),
+            live_sessions: Gauge::default(),
+            stored_tokens: Gauge::default(),
+            reserved_tokens: Gauge::default(),
+        };
+        m.register();
+        m
+    }
+}
+
 impl Metrics {
-    pub(crate) fn request(&self, endpoint: &'static str, status: u16, elapsed: Duration) {
-        *lock(&self.requests).entry((endpoint, status)).or_default() += 1;
-        let secs = elapsed.as_secs_f64();
-        let mut latency = lock(&self.latency);
-        let h = latency.entry(endpoint).or_default();
-        h.count += 1;
-        h.sum += secs;
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                h.counts[i] += 1;
-            }
-        }
-    }
-
-    pub(crate) fn error(&self, kind: &'static str) {
-        *lock(&self.errors).entry(kind).or_default() += 1;
-    }
-
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn render(&self, gauges: &Gauges) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP rollout_proxy_requests_total HTTP requests by endpoint and status.\n");
-        out.push_str("# TYPE rollout_proxy_requests_total counter\n");
-        for ((endpoint, status), n) in lock(&self.requests).iter() {
-            let _ = writeln!(
-                out,
-                "rollout_proxy_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
-            );
-        }
-        out.push_str(
-            "# HELP rollout_proxy_request_duration_seconds Time to the response head, by endpoint.\n",
+    /// Registers every metric (the registry holds clones that share the counts). Help texts end without a
+    /// period: the registry appends one.
+    fn register(&mut self) {
+        let r = &mut self.registry;
+        r.register(
+            "rollout_proxy_requests",
+            "HTTP requests by endpoint and status",
+            self.requests.clone(),
         );
-        out.push_str("# TYPE rollout_proxy_request_duration_seconds histogram\n");
-        for (endpoint, h) in lock(&self.latency).iter() {
-            for (i, bound) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "rollout_proxy_request_duration_seconds_bucket{{endpoint=\"{endpoint}\",le=\"{bound}\"}} {}",
-                    h.counts[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "rollout_proxy_request_duration_seconds_bucket{{endpoint=\"{endpoint}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "rollout_proxy_request_duration_seconds_sum{{endpoint=\"{endpoint}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "rollout_proxy_request_duration_seconds_count{{endpoint=\"{endpoint}\"}} {}",
-                h.count
-            );
-        }
-        out.push_str("# HELP rollout_proxy_errors_total Error answers by kind.\n");
-        out.push_str("# TYPE rollout_proxy_errors_total counter\n");
-        for (kind, n) in lock(&self.errors).iter() {
-            let _ = writeln!(out, "rollout_proxy_errors_total{{kind=\"{kind}\"}} {n}");
-        }
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        r.register(
+            "rollout_proxy_request_duration_seconds",
+            "Time to the response head, by endpoint",
+            self.latency.clone(),
+        );
+        r.register(
+            "rollout_proxy_errors",
+            "Error answers by kind",
+            self.errors.clone(),
+        );
+        let counters: [(&str, &str, &Counter); 9] = [
             (
-                "rollout_proxy_prompt_tokens_total",
-                "Prompt tokens sent to the engine.",
+                "rollout_proxy_prompt_tokens",
+                "Prompt tokens sent to the engine",
                 &self.prompt_tokens,
             ),
             (
-                "rollout_proxy_completion_tokens_total",
-                "Tokens sampled by the engine.",
+                "rollout_proxy_completion_tokens",
+                "Tokens sampled by the engine",
                 &self.completion_tokens,
             ),
             (
-                "rollout_proxy_generations_total",
-                "Generations recorded.",
+                "rollout_proxy_generations",
+                "Generations recorded",
                 &self.generations,
             ),
             (
-                "rollout_proxy_aborted_generations_total",
-                "Generations dropped before they finished (client gone, engine error).",
+                "rollout_proxy_aborted_generations",
+                "Generations dropped before they finished (client gone, engine error)",
                 &self.aborted_generations,
             ),
             (
-                "rollout_proxy_prefix_mismatches_total",
-                "Requests that extended an earlier interaction the template did not render as a prefix.",
+                "rollout_proxy_prefix_mismatches",
+                "Requests that extended an earlier interaction the template did not render as a prefix",
                 &self.prefix_mismatches,
             ),
             (
-                "rollout_proxy_sessions_started_total",
-                "Sessions started.",
+                "rollout_proxy_sessions_started",
+                "Sessions started",
                 &self.sessions_started,
             ),
             (
-                "rollout_proxy_sessions_ended_total",
-                "Sessions ended.",
+                "rollout_proxy_sessions_ended",
+                "Sessions ended",
                 &self.sessions_ended,
             ),
             (
-                "rollout_proxy_sessions_exported_total",
-                "Sessions exported.",
+                "rollout_proxy_sessions_exported",
+                "Sessions exported",
                 &self.sessions_exported,
             ),
             (
-                "rollout_proxy_sessions_expired_total",
-                "Sessions dropped after idling.",
+                "rollout_proxy_sessions_expired",
+                "Sessions dropped after idling",
                 &self.sessions_expired,
             ),
         ];
         for (name, help, counter) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                counter.load(Ordering::Relaxed)
-            );
+            r.register(name, help, counter.clone());
         }
-        let gauges: [(&str, &str, u64); 3] = [
+        let gauges: [(&str, &str, &Gauge); 3] = [
             (
                 "rollout_proxy_live_sessions",
-                "Sessions held (live or awaiting export).",
-                gauges.live_sessions as u64,
+                "Sessions held (live or awaiting export)",
+                &self.live_sessions,
             ),
             (
                 "rollout_proxy_stored_tokens",
-                "Tokens held in recorded trajectories.",
-                gauges.stored_tokens,
+                "Tokens held in recorded trajectories",
+                &self.stored_tokens,
             ),
             (
                 "rollout_proxy_reserved_tokens",
-                "Tokens reserved by running generations.",
-                gauges.reserved_tokens,
+                "Tokens reserved by running generations",
+                &self.reserved_tokens,
             ),
         ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        for (name, help, gauge) in gauges {
+            r.register(name, help, gauge.clone());
         }
+    }
+
+    pub(crate) fn request(&self, endpoint: &'static str, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels { endpoint, status })
+            .inc();
+        self.latency
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub(crate) fn error(&self, kind: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { kind }).inc();
+    }
+
+    pub(crate) fn add(counter: &Counter, n: u64) {
+        counter.inc_by(n);
+    }
+
+    /// The OpenMetrics exposition, with the gauges set from the session store's figures.
+    pub(crate) fn render(&self, gauges: &Gauges) -> String {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.live_sessions.set(clamp(gauges.live_sessions as u64));
+        self.stored_tokens.set(clamp(gauges.stored_tokens));
+        self.reserved_tokens.set(clamp(gauges.reserved_tokens));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encoding into a String cannot fail");
         out
     }
 }
+
+#[cfg(test)]
+mod tests;

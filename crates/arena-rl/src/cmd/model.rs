@@ -94,7 +94,7 @@ fn score(args: ScoreArgs) -> Result<()> {
     let policy = Policy::load(&args.model, options(&args.device)?)
         .with_context(|| format!("loading model {}", args.model.display()))?;
     let logits = policy.score(&ids)?;
-    write_npy(&args.output, &[logits.len, logits.vocab], &logits.data)?;
+    write_npy(&args.output, logits.len, logits.vocab, &logits.data)?;
     println!(
         "wrote logits [{}, {}] to {}",
         logits.len,
@@ -151,26 +151,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     bail!("the inference engine stopped before the answer finished")
 }
 
-/// Writes a little-endian float32 array in NumPy's `.npy` format (version 1.0).
-fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
-    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
-    let shape = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
-    // Magic (6) + version (2) + length (2) + header + newline must be a multiple of 64.
-    let unpadded = 10 + header.len() + 1;
-    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
-    header.push('\n');
-    let mut bytes = Vec::with_capacity(10 + header.len() + data.len() * 4);
-    bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
-    let len = u16::try_from(header.len()).context("npy header too long")?;
-    bytes.extend_from_slice(&len.to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    for x in data {
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+/// Writes `[len, vocab]` float32 logits in NumPy's `.npy` format.
+fn write_npy(path: &Path, len: usize, vocab: usize, data: &[f32]) -> Result<()> {
+    let logits = ndarray::ArrayView2::from_shape((len, vocab), data)
+        .with_context(|| format!("{} logits do not make [{len}, {vocab}]", data.len()))?;
+    ndarray_npy::write_npy(path, &logits).with_context(|| format!("writing {}", path.display()))
 }

@@ -26,33 +26,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 
-const CASTAGNOLI: u32 = 0x82f6_3b78;
-
-fn crc32c_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    for (i, slot) in table.iter_mut().enumerate() {
-        let mut crc = i as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ CASTAGNOLI
-            } else {
-                crc >> 1
-            };
-        }
-        *slot = crc;
-    }
-    table
-}
+/// CRC-32C (Castagnoli, the iSCSI polynomial), as TFRecord frames use it.
+const CASTAGNOLI: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
 
 /// CRC-32C (Castagnoli) of `data`.
 pub fn crc32c(data: &[u8]) -> u32 {
-    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
-    let table = TABLE.get_or_init(crc32c_table);
-    let mut crc = !0u32;
-    for &b in data {
-        crc = table[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
+    CASTAGNOLI.checksum(data)
 }
 
 /// TFRecord's masked CRC.

@@ -77,6 +77,61 @@ fn score_writes_the_policys_logits_as_npy() {
 }
 
 #[test]
+fn numpy_loads_the_scored_logits() {
+    let Some(python) = std::env::var_os("ARENA_RL_PY_READERS") else {
+        eprintln!(
+            "skipping: ARENA_RL_PY_READERS is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("model");
+    tiny_model(&dir);
+    let npy = tmp.path().join("logits.npy");
+    let npy_arg = npy.to_str().expect("utf-8");
+    let out = arena_rl(&[
+        "model",
+        "score",
+        "--model",
+        dir.to_str().expect("utf-8"),
+        "--input-ids",
+        "2,7,1,8",
+        "--output",
+        npy_arg,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let read = Command::new(python)
+        .arg("-c")
+        .arg(
+            "import json, sys, numpy\n\
+             a = numpy.load(sys.argv[1])\n\
+             print(json.dumps({'dtype': a.dtype.str, 'shape': list(a.shape), \
+             'c_contiguous': bool(a.flags['C_CONTIGUOUS']), 'data': a.astype(float).ravel().tolist()}))",
+        )
+        .arg(npy_arg)
+        .output()
+        .expect("python runs");
+    assert!(
+        read.status.success(),
+        "numpy.load failed:\n{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let loaded: serde_json::Value = serde_json::from_slice(&read.stdout).expect("the script prints JSON");
+    assert_eq!(loaded["dtype"], "<f4");
+    assert_eq!(loaded["shape"], serde_json::json!([4, 40]));
+    assert_eq!(loaded["c_contiguous"], true);
+    let data: Vec<f32> = loaded["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|v| v.as_f64().expect("a number") as f32)
+        .collect();
+    let policy = Policy::load(&dir, PolicyOptions::default()).expect("loads");
+    let expected = policy.score(&[2, 7, 1, 8]).expect("scores");
+    assert_eq!(data, expected.data, "row-major [len, vocab], bit for bit");
+}
+
+#[test]
 fn bad_folders_and_inputs_fail_with_one_clear_line() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("model");

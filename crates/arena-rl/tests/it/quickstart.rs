@@ -58,6 +58,34 @@ fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
         let r = s["rollout/reward"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&r), "{s}");
     }
+    // TensorBoard gets every step metric except the per-row `debug/task/<data_id>/raw_reward` records, so
+    // its tags do not grow with the rows a run sees; metrics.jsonl keeps those records.
+    let keys: std::collections::BTreeSet<String> = lines
+        .lines()
+        .flat_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object().unwrap().keys().cloned().collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        keys.iter().any(|k| k.starts_with("debug/task/")),
+        "per-row records in metrics.jsonl: {keys:?}"
+    );
+    let mut tags = std::collections::BTreeSet::new();
+    for file in std::fs::read_dir(run_dir.join("metrics/tensorboard")).unwrap() {
+        for event in arena_rl::observe::tfevents::read_events(&file.unwrap().path()).unwrap() {
+            tags.extend(event.scalars.into_iter().map(|(t, _)| t));
+        }
+    }
+    let bounded: std::collections::BTreeSet<String> = keys
+        .iter()
+        .filter(|k| *k != "step" && !k.starts_with("debug/task/"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        tags, bounded,
+        "TensorBoard's tags are the JSONL's names less the per-row ones"
+    );
     assert!(std::path::Path::new(&line("reward curve: ")).is_file());
     let checkpoint = line("checkpoint: ");
     assert!(checkpoint.ends_with("checkpoints/step-3"), "{checkpoint}");

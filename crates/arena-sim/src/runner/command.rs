@@ -99,38 +99,7 @@ impl Inner {
                 return outcome(TaskStatus::SetupFailed, None, merged(base, raw));
             }
         };
-        let prompt = format!("{}{}", task.prompt(), self.def.prompt_suffix);
-        let fill = |arg: &str| {
-            arg.replace("{prompt}", &prompt)
-                .replace("{model}", &ctx.request.model_name)
-                .replace("{base_url}", &ctx.request.base_url)
-                .replace("{workdir}", &dir.work().to_string_lossy())
-        };
-        let mut command = tokio::process::Command::new(fill(&program));
-        command
-            .args(self.def.argv.iter().skip(1).map(|a| fill(a)))
-            .env_clear()
-            .current_dir(dir.work())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for name in &self.def.inherit_env {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
-        }
-        command.envs(arena_env(&ctx)).envs(&self.def.env);
-        let path = match std::env::var_os("PATH").filter(|_| self.def.inherit_env.iter().any(|n| n == "PATH"))
-        {
-            Some(p) => {
-                let mut paths = vec![dir.bin()];
-                paths.extend(std::env::split_paths(&p));
-                std::env::join_paths(paths).unwrap_or_else(|_| dir.bin().into_os_string())
-            }
-            None => dir.bin().into_os_string(),
-        };
-        command.env("PATH", path).env("HOME", dir.home());
+        let mut command = self.command(&ctx, &task, &dir, &program);
         let child = match command.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -142,7 +111,6 @@ impl Inner {
         let result = tokio::time::timeout(limit, child.wait_with_output()).await;
         let calls = dir.lookups();
         let base = merged(base, json!({"tool_calls": calls}));
-        let secrets = secrets(&ctx);
         let output = match result {
             Err(_) => {
                 let raw = json!({"error": format!(
@@ -156,47 +124,104 @@ impl Inner {
             }
             Ok(Ok(output)) => output,
         };
-        let stdout = redact(&String::from_utf8_lossy(&output.stdout), &secrets);
-        let stderr = redact(&String::from_utf8_lossy(&output.stderr), &secrets);
-        let streams = json!({
-            "exit_code": output.status.code(),
-            "stdout_tail": tail(&stdout),
-            "stderr_tail": tail(&stderr),
-        });
-        let base = merged(base, streams);
-        if !output.status.success() {
-            // Arena's phrasing for an agent CLI that failed; the last line it wrote says why.
-            let code = output
-                .status
-                .code()
-                .map_or_else(|| "a signal".to_string(), |c| c.to_string());
-            let name = Path::new(&program)
-                .file_name()
-                .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned());
-            let last = last_line(&stdout)
-                .or_else(|| last_line(&stderr))
-                .unwrap_or("no output");
-            let raw = json!({"error": format!(
-                "harness: harness agent phase exited with code {code}\nharness: agent phase error: {name} \
-                 reported error: {last}"
-            )});
-            return outcome(TaskStatus::HarnessFailed, None, merged(base, raw));
+        judge(&ctx, &task, &program, base, &output, &calls, fault)
+    }
+
+    /// The CLI's command line, with Arena's environment, its own `HOME` and the task's tool on its `PATH`.
+    fn command(
+        &self,
+        ctx: &HarnessContext,
+        task: &TaskInstance,
+        dir: &Workdir,
+        program: &str,
+    ) -> tokio::process::Command {
+        let prompt = format!("{}{}", task.prompt(), self.def.prompt_suffix);
+        let fill = |arg: &str| {
+            arg.replace("{prompt}", &prompt)
+                .replace("{model}", &ctx.request.model_name)
+                .replace("{base_url}", &ctx.request.base_url)
+                .replace("{workdir}", &dir.work().to_string_lossy())
+        };
+        let mut command = tokio::process::Command::new(fill(program));
+        command
+            .args(self.def.argv.iter().skip(1).map(|a| fill(a)))
+            .env_clear()
+            .current_dir(dir.work())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for name in &self.def.inherit_env {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
         }
-        let answer = stdout.trim().to_string();
-        if answer.is_empty() {
-            let raw = json!({"error": format!("harness: {program} printed no final answer")});
-            return outcome(TaskStatus::NoOutput, None, merged(base, raw));
-        }
-        ctx.set_status("EVALUATING");
-        let crash = fault == Some(TaskStatus::EvalFailed);
-        match grade(&task, Some(&answer), &calls, crash) {
-            Ok(g) => outcome(
-                TaskStatus::Done,
-                Some(g.score),
-                merged(base, graded_raw(&task, &g, &answer, &calls)),
-            ),
-            Err(e) => outcome(TaskStatus::EvalFailed, None, merged(base, json!({"error": e}))),
-        }
+        command.envs(arena_env(ctx)).envs(&self.def.env);
+        let path = match std::env::var_os("PATH").filter(|_| self.def.inherit_env.iter().any(|n| n == "PATH"))
+        {
+            Some(p) => {
+                let mut paths = vec![dir.bin()];
+                paths.extend(std::env::split_paths(&p));
+                std::env::join_paths(paths).unwrap_or_else(|_| dir.bin().into_os_string())
+            }
+            None => dir.bin().into_os_string(),
+        };
+        command.env("PATH", path).env("HOME", dir.home());
+        command
+    }
+}
+
+/// Grades what a finished CLI printed, or says why it failed.
+fn judge(
+    ctx: &HarnessContext,
+    task: &TaskInstance,
+    program: &str,
+    base: Value,
+    output: &std::process::Output,
+    calls: &[ToolCall],
+    fault: Option<TaskStatus>,
+) -> HarnessOutcome {
+    let secrets = secrets(ctx);
+    let stdout = redact(&String::from_utf8_lossy(&output.stdout), &secrets);
+    let stderr = redact(&String::from_utf8_lossy(&output.stderr), &secrets);
+    let streams = json!({
+        "exit_code": output.status.code(),
+        "stdout_tail": tail(&stdout),
+        "stderr_tail": tail(&stderr),
+    });
+    let base = merged(base, streams);
+    if !output.status.success() {
+        // Arena's phrasing for an agent CLI that failed; the last line it wrote says why.
+        let code = output
+            .status
+            .code()
+            .map_or_else(|| "a signal".to_string(), |c| c.to_string());
+        let name = Path::new(program)
+            .file_name()
+            .map_or_else(|| program.to_string(), |n| n.to_string_lossy().into_owned());
+        let last = last_line(&stdout)
+            .or_else(|| last_line(&stderr))
+            .unwrap_or("no output");
+        let raw = json!({"error": format!(
+            "harness: harness agent phase exited with code {code}\nharness: agent phase error: {name} \
+             reported error: {last}"
+        )});
+        return outcome(TaskStatus::HarnessFailed, None, merged(base, raw));
+    }
+    let answer = stdout.trim().to_string();
+    if answer.is_empty() {
+        let raw = json!({"error": format!("harness: {program} printed no final answer")});
+        return outcome(TaskStatus::NoOutput, None, merged(base, raw));
+    }
+    ctx.set_status("EVALUATING");
+    let crash = fault == Some(TaskStatus::EvalFailed);
+    match grade(task, Some(&answer), calls, crash) {
+        Ok(g) => outcome(
+            TaskStatus::Done,
+            Some(g.score),
+            merged(base, graded_raw(task, &g, &answer, calls)),
+        ),
+        Err(e) => outcome(TaskStatus::EvalFailed, None, merged(base, json!({"error": e}))),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Integration tests of the rollout proxy over real loopback sockets, with the SmolLM2 tokenizer and chat
-//! template from the test fixtures (`ARENA_RL_SMOLLM2`) and the real `openai` SDK (`ARENA_RL_PY_CLIENTS`).
+//! template from the test fixtures (`ARENA_RL_SMOLLM2`), the real `openai` SDK (`ARENA_RL_PY_CLIENTS`) and
+//! Prometheus' OpenMetrics parser (`ARENA_RL_PY_READERS`).
 
 mod anthropic_sdk;
 mod chat;
@@ -10,6 +11,7 @@ mod litellm;
 mod messages;
 mod multiturn;
 mod openai_sdk;
+mod openmetrics;
 mod responses;
 mod sessions;
 mod sglang;

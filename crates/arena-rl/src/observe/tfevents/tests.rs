@@ -63,3 +63,61 @@ fn a_flipped_byte_fails_the_crc() {
     let err = read_events(&path).unwrap_err().to_string();
     assert!(err.contains("bad data CRC"), "{err}");
 }
+
+/// Reads every scalar of an event directory with TensorBoard's own `EventAccumulator` (which checks both
+/// CRCs of every record) and prints `{tag: [[step, value], ...]}`.
+const TENSORBOARD_READ: &str = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+print(json.dumps({t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}))
+"#;
+
+#[test]
+fn tensorboards_event_reader_reads_every_scalar() {
+    let Some(python) = std::env::var_os("ARENA_RL_PY_READERS") else {
+        eprintln!(
+            "skipping: ARENA_RL_PY_READERS is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = EventWriter::create(dir.path(), "host").unwrap();
+    let mut written = Vec::new();
+    for step in 0..40i64 {
+        // Values whose f32 rounding shows: TensorBoard must read back exactly the f32 written.
+        let values = [
+            ("rollout/reward".to_string(), 1.0 / (step as f64 + 3.0)),
+            ("train/loss".to_string(), -0.1 * step as f64),
+        ];
+        w.scalars(step * 7, &values).unwrap();
+        written.push((step * 7, values));
+    }
+    drop(w);
+    let out = std::process::Command::new(python)
+        .arg("-c")
+        .arg(TENSORBOARD_READ)
+        .arg(dir.path())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "TensorBoard's reader failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    let mut tags: Vec<&str> = read.as_object().unwrap().keys().map(String::as_str).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, ["rollout/reward", "train/loss"]);
+    for (i, tag) in ["rollout/reward", "train/loss"].into_iter().enumerate() {
+        let got: Vec<(i64, f32)> = read[tag]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p[0].as_i64().unwrap(), p[1].as_f64().unwrap() as f32))
+            .collect();
+        let want: Vec<(i64, f32)> = written.iter().map(|(s, v)| (*s, v[i].1 as f32)).collect();
+        assert_eq!(got, want, "{tag}");
+    }
+}
