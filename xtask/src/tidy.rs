@@ -2,7 +2,10 @@
 //! (`../shared/STYLE.md`, "Dependency direction").
 //!
 //! It reads `cargo metadata` and checks normal dependencies only: dev-dependencies may cross the layering
-//! where a test needs it, and `benches` is a leaf that may depend on anything.
+//! where a test needs it, and `benches` is a leaf that may depend on anything. It also reads the sources for
+//! the rules no manifest shows: `anyhow` only at `arena-rl`'s edges (`main.rs`, `cmd/`), no Arena
+//! registration, launch or poll in `arena-rl` (`arena-client`'s `run_rollout` owns the lifecycle), and one
+//! definition of each piece of shared vocabulary, in `stream-config`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
@@ -17,7 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("reward-routing", &["stream-config"]),
     ("rollout-proxy", &[]),
     ("trainer", &[]),
-    ("arena-sim", &["arena-client", "stream-config"]),
+    ("arena-sim", &["stream-config"]),
     (
         "arena-rl",
         &[
@@ -222,4 +225,153 @@ fn layering_check_catches_violations() {
             "missing {w:?} in {problems:?}"
         );
     }
+}
+
+/// Every `.rs` file under `dir`, with its text.
+fn sources(dir: &Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)
+            .expect("the source folder is readable")
+            .flatten()
+        {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("sources are UTF-8");
+                out.push((path, text));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+}
+
+/// Source rules of `arena-rl`'s library: what it must not contain, by file.
+fn check_arena_rl_sources(files: &[(std::path::PathBuf, String)], src: &Path) -> Vec<String> {
+    const LIFECYCLE: &[&str] = &[
+        ".register_model(",
+        ".launch_one_task(",
+        ".wait_for_task(",
+        ".get_task_result(",
+        ".run_task(",
+        ".acquire(",
+    ];
+    let mut problems = Vec::new();
+    for (path, text) in files {
+        let rel = path.strip_prefix(src).unwrap_or(path);
+        let edge = rel == Path::new("main.rs") || rel.starts_with("cmd");
+        if !edge && text.contains("anyhow") {
+            problems.push(format!(
+                "arena-rl/src/{} uses anyhow: the library returns crate::Error (anyhow is for main.rs and cmd/)",
+                rel.display()
+            ));
+        }
+        for call in LIFECYCLE {
+            if text.contains(call) {
+                problems.push(format!(
+                    "arena-rl/src/{} calls {call}..): a rollout's Arena side is arena_client::ArenaClient::run_rollout_with",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Shared vocabulary defined outside `stream-config`.
+fn check_vocabulary(files: &[(std::path::PathBuf, String)], root: &Path) -> Vec<String> {
+    const DEFINITIONS: &[&str] = &[
+        "pub struct RewardRef {",
+        "pub struct ArenaRef {",
+        "const UNKNOWN_TASK_TYPE",
+        "const TRANSIENT_403_MARKER",
+        "fn task_type_from_tags",
+        "fn reward_ref_drift",
+    ];
+    let home = root.join("crates/stream-config/src");
+    let mut problems = Vec::new();
+    for (path, text) in files {
+        if path.starts_with(&home) {
+            continue;
+        }
+        for def in DEFINITIONS {
+            if text.contains(def) {
+                let rel = path.strip_prefix(root).unwrap_or(path);
+                problems.push(format!(
+                    "{} defines `{def}`: it lives in stream-config",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn arena_rl_sources_keep_their_rules() {
+    let src = workspace_root().join("crates/arena-rl/src");
+    let problems = check_arena_rl_sources(&sources(&src), &src);
+    assert!(
+        problems.is_empty(),
+        "source rules broken:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn shared_vocabulary_is_defined_once() {
+    let root = workspace_root();
+    let files = sources(&root.join("crates"));
+    let problems = check_vocabulary(&files, root);
+    assert!(
+        problems.is_empty(),
+        "vocabulary defined twice:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn source_rules_catch_violations() {
+    let src = Path::new("/x/crates/arena-rl/src");
+    let files = vec![
+        (src.join("run.rs"), "use anyhow::Result;".to_string()),
+        (src.join("cmd/train.rs"), "use anyhow::Result;".to_string()),
+        (
+            src.join("workflow.rs"),
+            "client.launch_one_task(s, &r, None)".to_string(),
+        ),
+    ];
+    let problems = check_arena_rl_sources(&files, src);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("run.rs uses anyhow"), "{problems:?}");
+    assert!(
+        problems[1].contains("workflow.rs calls .launch_one_task("),
+        "{problems:?}"
+    );
+    let root = Path::new("/x");
+    let files = vec![
+        (
+            root.join("crates/arena-client/src/streams.rs"),
+            "pub struct ArenaRef {".to_string(),
+        ),
+        (
+            root.join("crates/stream-config/src/stream.rs"),
+            "pub struct ArenaRef {".to_string(),
+        ),
+    ];
+    let problems = check_vocabulary(&files, root);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("crates/arena-client/src/streams.rs defines"),
+        "{problems:?}"
+    );
 }

@@ -35,7 +35,7 @@ pub enum Error {
         /// Its id.
         stream_id: String,
         /// Pinned and live.
-        drift: stream_config::RewardRefDrift,
+        drift: Box<stream_config::RewardRefDrift>,
     },
     /// The rollout proxy could not listen.
     #[error(
@@ -258,7 +258,7 @@ impl WithContext for stream_config::Error {
     }
 }
 
-/// `anyhow`-style context on typed results.
+/// What was being done, added to a typed result (`.context(..)` and `.with_context(|| ..)`).
 pub trait Context<T> {
     /// Adds what was being done.
     fn context(self, context: impl Into<String>) -> Result<T>;
@@ -278,10 +278,3 @@ impl<T, E: WithContext> Context<T> for std::result::Result<T, E> {
 
 #[cfg(test)]
 mod tests;
-
-// MERGE-TEMP: removed once observe, proxy_ctl and quickstart return typed errors.
-impl From<anyhow::Error> for Error {
-    fn from(e: anyhow::Error) -> Self {
-        Error::failed("", format!("{e:#}"))
-    }
-}

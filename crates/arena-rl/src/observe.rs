@@ -16,7 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result};
+use crate::error::{Context as _, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reward_routing::Metric;
 use serde_json::{Map, Value, json};
@@ -158,7 +158,8 @@ impl MetricsSink {
             for (k, v) in &means {
                 line.insert(k.clone(), json!(v));
             }
-            let mut text = serde_json::to_string(&Value::Object(line))?;
+            let mut text =
+                serde_json::to_string(&Value::Object(line)).context("serialising a metrics.jsonl line")?;
             text.push('\n');
             f.write_all(text.as_bytes())
                 .context("cannot append to metrics.jsonl")?;

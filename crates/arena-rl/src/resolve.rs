@@ -84,7 +84,7 @@ pub async fn resolve_streams(
             return Err(Error::RewardRefDrifted {
                 stream: s.name.clone(),
                 stream_id: info.stream_id.clone(),
-                drift,
+                drift: Box::new(drift),
             });
         }
         let protocol = resolve_protocol(

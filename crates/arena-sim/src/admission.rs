@@ -17,8 +17,8 @@ use serde_json::Value;
 use crate::arena::Arena;
 use crate::fault::{Endpoint, FaultKind};
 use crate::harness::lock;
-use crate::server::TRANSIENT_403_MARKER;
 use crate::state::RecordedRequest;
+use stream_config::TRANSIENT_403_MARKER;
 
 /// What handlers read from a request's head: the URI as sent, the headers and the client's address.
 pub(crate) struct RequestHead {

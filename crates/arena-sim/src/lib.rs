@@ -60,7 +60,7 @@ pub use harness::{
 };
 pub use preset::{QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS};
 pub use runner::{CommandHarness, CommandRunnerDef, LlmHarness, LlmRunnerDef, RunnerDef, RunnerFault};
-pub use server::{ArenaSim, SimBuilder, TRANSIENT_403_MARKER};
+pub use server::{ArenaSim, SimBuilder};
 pub use state::{Counters, GatewayCounters, RecordedRequest, RouteInfo};
 pub use world::{
     CancelEndpoint, HarnessVersionDef, RefDef, RouteDef, RowDef, StreamDef, TaskHistoryDef, UpstreamDef,

@@ -18,9 +18,6 @@ use crate::state::{ArenaState, Counters, RecordedRequest, RouteInfo, TaskState};
 use crate::world::{RefDef, World};
 use crate::{Error, Result};
 
-/// The marker in a 403 body that Arena's gateway sends for a transient rejection.
-pub const TRANSIENT_403_MARKER: &str = "spanner-http-ant-group-watch-all";
-
 /// Builds a sim: a world plus harnesses, then [`SimBuilder::start`].
 pub struct SimBuilder {
     world: World,

@@ -92,3 +92,41 @@ fn direct_mode_no_proxy_handling() {
         assert_eq!(e["ANTHROPIC_API_KEY"], "sk");
     }
 }
+
+/// A registration abandoned in flight may land after the first delete found nothing: the cleanup looks
+/// again until the registration deadline and deletes the route that landed late.
+#[tokio::test]
+async fn an_abandoned_registration_that_lands_late_is_deleted() {
+    let world = arena_sim::World {
+        token: "t".to_string(),
+        ..arena_sim::World::default()
+    };
+    let sim = arena_sim::ArenaSim::start(world).await.expect("arena-sim starts");
+    let config = crate::ClientConfig::new(&sim.base_url(), SecretString::from("t")).expect("valid base URL");
+    let client = ArenaClient::new(config).expect("client builds");
+    let registration = ModelRegistration {
+        model_name: "stream-areal-late".to_string(),
+        deployment_id: "d".to_string(),
+        upstream_base_url: "http://proxy".to_string(),
+        upstream_api_key: SecretString::from("k"),
+        inbound_protos: vec!["chat".to_string()],
+    };
+    let cleanup = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .delete_abandoned_route("stream-areal-late", Duration::from_secs(5))
+                .await
+        })
+    };
+    // The first delete has gone out and found nothing; then the abandoned POST lands.
+    sim.wait_until(|c| c.requests_to(arena_sim::Endpoint::DeleteModel) >= 1)
+        .await;
+    client.register_model(&registration, None).await.unwrap();
+    assert_eq!(sim.routes().len(), 1);
+    tokio::time::timeout(Duration::from_secs(5), sim.wait_until(|c| c.deletions >= 1))
+        .await
+        .expect("the late registration is deleted");
+    assert!(sim.routes().is_empty());
+    cleanup.abort();
+}

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use anyhow::{Result, anyhow};
+use crate::error::{Error, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -22,7 +22,7 @@ const ORANGE: RGBColor = RGBColor(255, 140, 0);
 
 /// Writes the curve to `path` (800x480).
 pub fn draw(path: &Path, train: &[(u64, f64)], eval: &[(u64, f64)]) -> Result<()> {
-    let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| Error::failed(format!("cannot draw {}", path.display()), e);
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     render(&root, train, eval).map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;

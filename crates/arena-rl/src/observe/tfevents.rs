@@ -24,7 +24,10 @@ use std::fs::File;
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result, bail};
+use crate::error::{Context as _, Error, Result};
+
+/// A decoding failure: what is wrong with the bytes.
+type Decode<T> = std::result::Result<T, String>;
 
 /// CRC-32C (Castagnoli, the iSCSI polynomial), as TFRecord frames use it.
 const CASTAGNOLI: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
@@ -97,7 +100,7 @@ impl Event {
     }
 
     /// Decodes an `Event`, keeping the fields this module writes and skipping the others.
-    pub fn decode(data: &[u8]) -> Result<Self> {
+    pub fn decode(data: &[u8]) -> Decode<Self> {
         let mut event = Event {
             wall_time: 0.0,
             step: 0,
@@ -108,7 +111,9 @@ impl Event {
             match (field, value) {
                 (1, Field::Fixed64(b)) => event.wall_time = f64::from_le_bytes(b),
                 (2, Field::Varint(v)) => event.step = v as i64,
-                (3, Field::Bytes(b)) => event.file_version = Some(String::from_utf8(b.to_vec())?),
+                (3, Field::Bytes(b)) => {
+                    event.file_version = Some(String::from_utf8(b.to_vec()).map_err(|e| e.to_string())?)
+                }
                 (5, Field::Bytes(summary)) => {
                     for (f, value) in fields(summary)? {
                         let (1, Field::Bytes(v)) = (f, value) else {
@@ -117,7 +122,9 @@ impl Event {
                         let (mut tag, mut simple) = (String::new(), None);
                         for (vf, vv) in fields(v)? {
                             match (vf, vv) {
-                                (1, Field::Bytes(t)) => tag = String::from_utf8(t.to_vec())?,
+                                (1, Field::Bytes(t)) => {
+                                    tag = String::from_utf8(t.to_vec()).map_err(|e| e.to_string())?
+                                }
                                 (2, Field::Fixed32(b)) => simple = Some(f32::from_le_bytes(b)),
                                 _ => {}
                             }
@@ -141,11 +148,11 @@ enum Field<'a> {
     Bytes(&'a [u8]),
 }
 
-fn read_varint(data: &[u8], pos: &mut usize) -> Result<u64> {
+fn read_varint(data: &[u8], pos: &mut usize) -> Decode<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let Some(&b) = data.get(*pos) else {
-            bail!("truncated varint")
+            return Err("truncated varint".into());
         };
         *pos += 1;
         v |= u64::from(b & 0x7f) << shift;
@@ -153,19 +160,19 @@ fn read_varint(data: &[u8], pos: &mut usize) -> Result<u64> {
             return Ok(v);
         }
     }
-    bail!("varint longer than 10 bytes")
+    Err("varint longer than 10 bytes".into())
 }
 
-fn fields(data: &[u8]) -> Result<Vec<(u32, Field<'_>)>> {
+fn fields(data: &[u8]) -> Decode<Vec<(u32, Field<'_>)>> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < data.len() {
         let k = read_varint(data, &mut pos)?;
         let field = (k >> 3) as u32;
-        let take = |pos: &mut usize, n: usize| -> Result<&[u8]> {
+        let take = |pos: &mut usize, n: usize| -> Decode<&[u8]> {
             let end = pos.checked_add(n).filter(|&e| e <= data.len());
             let Some(end) = end else {
-                bail!("truncated field {field}")
+                return Err(format!("truncated field {field}"));
             };
             let s = &data[*pos..end];
             *pos = end;
@@ -173,13 +180,21 @@ fn fields(data: &[u8]) -> Result<Vec<(u32, Field<'_>)>> {
         };
         let value = match k & 7 {
             0 => Field::Varint(read_varint(data, &mut pos)?),
-            1 => Field::Fixed64(take(&mut pos, 8)?.try_into()?),
+            1 => Field::Fixed64(
+                take(&mut pos, 8)?
+                    .try_into()
+                    .map_err(|_| "a fixed64 of another size")?,
+            ),
             2 => {
                 let n = read_varint(data, &mut pos)? as usize;
                 Field::Bytes(take(&mut pos, n)?)
             }
-            5 => Field::Fixed32(take(&mut pos, 4)?.try_into()?),
-            w => bail!("unsupported wire type {w} in field {field}"),
+            5 => Field::Fixed32(
+                take(&mut pos, 4)?
+                    .try_into()
+                    .map_err(|_| "a fixed32 of another size")?,
+            ),
+            w => return Err(format!("unsupported wire type {w} in field {field}")),
         };
         out.push((field, value));
     }
@@ -200,27 +215,31 @@ pub fn record(data: &[u8]) -> Vec<u8> {
 /// Reads every event of a file, checking both CRCs of every record.
 pub fn read_events(path: &Path) -> Result<Vec<Event>> {
     let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    decode_records(&data).map_err(|message| Error::failed(path.display().to_string(), message))
+}
+
+fn decode_records(data: &[u8]) -> Decode<Vec<Event>> {
+    let word = |b: &[u8]| -> [u8; 4] { [b[0], b[1], b[2], b[3]] };
     let mut events = Vec::new();
     let mut pos = 0usize;
     while pos < data.len() {
         let Some(header) = data.get(pos..pos + 12) else {
-            bail!("{}: truncated record header at byte {pos}", path.display())
+            return Err(format!("truncated record header at byte {pos}"));
         };
         let len_bytes = &header[..8];
-        let len = u64::from_le_bytes(len_bytes.try_into()?) as usize;
-        let len_crc = u32::from_le_bytes(header[8..12].try_into()?);
-        if len_crc != masked_crc32c(len_bytes) {
-            bail!("{}: bad length CRC at byte {pos}", path.display());
+        let len = u64::from_le_bytes(std::array::from_fn(|i| len_bytes[i])) as usize;
+        if u32::from_le_bytes(word(&header[8..12])) != masked_crc32c(len_bytes) {
+            return Err(format!("bad length CRC at byte {pos}"));
         }
         let start = pos + 12;
-        let Some(body) = data.get(start..start + len) else {
-            bail!("{}: truncated record at byte {pos}", path.display())
+        let Some(body) = start.checked_add(len).and_then(|end| data.get(start..end)) else {
+            return Err(format!("truncated record at byte {pos}"));
         };
         let Some(crc) = data.get(start + len..start + len + 4) else {
-            bail!("{}: truncated record CRC at byte {pos}", path.display())
+            return Err(format!("truncated record CRC at byte {pos}"));
         };
-        if u32::from_le_bytes(crc.try_into()?) != masked_crc32c(body) {
-            bail!("{}: bad data CRC at byte {pos}", path.display());
+        if u32::from_le_bytes(word(crc)) != masked_crc32c(body) {
+            return Err(format!("bad data CRC at byte {pos}"));
         }
         events.push(Event::decode(body)?);
         pos = start + len + 4;

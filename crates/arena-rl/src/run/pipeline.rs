@@ -251,7 +251,7 @@ impl Trainer {
     async fn maybe_checkpoint(&mut self, k: u64) -> Result<()> {
         let config = &self.run.config;
         let every = config.checkpoint.save_every;
-        if every == 0 || ((k + 1) % every != 0 && k + 1 != self.total) {
+        if every == 0 || (!(k + 1).is_multiple_of(every) && k + 1 != self.total) {
             return Ok(());
         }
         let meta = CheckpointMeta {
@@ -276,7 +276,7 @@ impl Trainer {
     /// Evaluates the policy every `eval_every` steps, adding `eval-rollout/` metrics to the step's.
     async fn maybe_evaluate(&self, k: u64, metrics: &mut StepMetrics) -> Result<()> {
         let every = self.run.config.eval_every;
-        if every == 0 || (k + 1) % every != 0 {
+        if every == 0 || !(k + 1).is_multiple_of(every) {
             return Ok(());
         }
         let eval = self.run.collect(k, Scope::EvalRollout, &self.done).await?;
