@@ -520,3 +520,92 @@ async fn a_registration_answered_by_a_dropped_connection_leaves_no_route() {
         assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty(), "{mode}");
     }
 }
+
+/// Records every moment it sees, and fails at one of them (a journal that cannot be written).
+struct Journal {
+    fail_at: &'static str,
+    seen: std::sync::Mutex<Vec<String>>,
+}
+
+impl Journal {
+    fn failing_at(moment: &'static str) -> Self {
+        Self {
+            fail_at: moment,
+            seen: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn record(&self, moment: &str, what: &str) -> arena_client::HookResult {
+        self.seen.lock().unwrap().push(format!("{moment} {what}"));
+        if moment == self.fail_at {
+            return Err(format!("disk full while journaling {moment}").into());
+        }
+        Ok(())
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl arena_client::RolloutHooks for Journal {
+    fn before_register(&self, route: &str) -> arena_client::HookResult {
+        self.record("route", route)
+    }
+    fn before_launch(&self, key: Option<&str>) -> arena_client::HookResult {
+        self.record("launch", key.unwrap_or("-"))
+    }
+    fn task_started(&self, task_id: &str) -> arena_client::HookResult {
+        self.record("task", task_id)
+    }
+    fn task_finished(&self, task_id: &str) -> arena_client::HookResult {
+        self.record("task_done", task_id)
+    }
+    fn route_deleted(&self, route: &str) -> arena_client::HookResult {
+        self.record("route_deleted", route)
+    }
+}
+
+/// Every moment is reported in order, and a hook that fails stops the rollout there: nothing more is sent
+/// to Arena, a running task is cancelled, and the route is still deleted.
+#[tokio::test]
+async fn hooks_see_each_moment_and_a_failing_hook_stops_the_rollout_cleanly() {
+    let sim = start(world()).await;
+    sim.scripted()
+        .set_default(ScriptedOutcome::done(0.5).progress(&["AGENT_RUNNING"]));
+    let client = client(&sim);
+    let mut spec = spec("r1", None);
+    spec.run.idempotency_key = Some("run-s0g0:0".into());
+    let all = Journal::failing_at("none");
+    let report = client.run_rollout_with(&gateway(), &spec, &all).await;
+    assert_eq!(report.result.as_ref().unwrap().score, Some(0.5));
+    let kinds: Vec<String> = all
+        .seen()
+        .iter()
+        .map(|s| s.split(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, ["route", "launch", "task", "task_done", "route_deleted"]);
+    assert!(all.seen()[1].ends_with("run-s0g0:0"), "{:?}", all.seen());
+
+    for (moment, launches, cancels) in [("route", 0, 0), ("launch", 0, 0), ("task", 1, 1)] {
+        let sim = start(world()).await;
+        sim.scripted()
+            .set_default(ScriptedOutcome::done(0.5).gate("never"));
+        let client = crate::support::client(&sim);
+        let journal = Journal::failing_at(moment);
+        let report = client.run_rollout_with(&gateway(), &spec, &journal).await;
+        let err = report.result.unwrap_err();
+        assert!(err.is_hook(), "{moment}: {err}");
+        assert!(err.to_string().contains("disk full"), "{moment}: {err}");
+        assert_eq!(sim.counters().launches, launches, "{moment}");
+        if moment == "route" {
+            assert_eq!(sim.counters().registrations, 0, "{moment}: nothing registered");
+        }
+        if cancels > 0 {
+            tokio::time::timeout(Duration::from_secs(5), sim.wait_until(|c| c.cancels == cancels))
+                .await
+                .unwrap_or_else(|_| panic!("{moment}: the running task is cancelled"));
+        }
+        assert_eq!(sim.counters().live_routes, 0, "{moment}: no route left");
+    }
+}

@@ -7,7 +7,7 @@ use arena_sim::{ArenaSim, World};
 
 use crate::support::{OracleEngine, config, env, model_folder};
 
-async fn failure(base: &str, root: &std::path::Path, extra: &[&str]) -> String {
+async fn failure(base: &str, root: &std::path::Path, extra: &[&str]) -> (arena_rl::Error, String) {
     let model = model_folder(root);
     let config = config(base, root, &model, extra);
     let err = train(
@@ -22,7 +22,7 @@ async fn failure(base: &str, root: &std::path::Path, extra: &[&str]) -> String {
     .expect_err("the run fails");
     let line = format!("{err:#}");
     assert!(!line.contains('\n'), "one line: {line}");
-    line
+    (err, line)
 }
 
 fn sim_world() -> World {
@@ -42,12 +42,13 @@ async fn unreachable_arena_keeps_the_journal() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let line = failure(
+    let (err, line) = failure(
         &format!("http://{free}"),
         root.path(),
         &["econfig.arena_request_retries=0"],
     )
     .await;
+    assert!(matches!(err, arena_rl::Error::ArenaUnreachable { .. }), "{err:?}");
     assert!(
         line.contains(&format!("cannot reach Arena at http://{free}")),
         "{line}"
@@ -61,7 +62,8 @@ async fn every_stream_unhealthy() {
     let sim = ArenaSim::start(sim_world()).await.unwrap();
     sim.set_stream_status("sim-chat", Some("PAUSED"));
     let root = tempfile::tempdir().unwrap();
-    let line = failure(&sim.base_url(), root.path(), &[]).await;
+    let (err, line) = failure(&sim.base_url(), root.path(), &[]).await;
+    assert!(matches!(err, arena_rl::Error::NoHealthyStream(_)), "{err:?}");
     assert!(
         line.contains("every stream is unhealthy: sim-chat (stream sim-chat is PAUSED, not ACTIVE)"),
         "{line}"
@@ -74,7 +76,8 @@ async fn the_proxy_port_taken() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let root = tempfile::tempdir().unwrap();
-    let line = failure(&sim.base_url(), root.path(), &[&format!("proxy.port={port}")]).await;
+    let (err, line) = failure(&sim.base_url(), root.path(), &[&format!("proxy.port={port}")]).await;
+    assert!(matches!(err, arena_rl::Error::ProxyPort { .. }), "{err:?}");
     assert!(
         line.contains(&format!(
             "cannot start the rollout proxy on 127.0.0.1:{port} (proxy.host, proxy.port)"
@@ -98,7 +101,11 @@ async fn a_checkpoint_from_another_model() {
     trainer::Checkpoints::new(root.path().join("quickstart/local/checkpoints"))
         .save(3, &serde_json::to_vec(&meta).unwrap(), 1, |_| Ok(()))
         .unwrap();
-    let line = failure(&sim.base_url(), root.path(), &[]).await;
+    let (err, line) = failure(&sim.base_url(), root.path(), &[]).await;
+    assert!(
+        matches!(err, arena_rl::Error::CheckpointOfAnotherModel { .. }),
+        "{err:?}"
+    );
     assert!(
         line.contains("was saved from another model (/models/other) than model.path"),
         "{line}"
