@@ -159,36 +159,81 @@ pub async fn load_rows(
         .collect())
 }
 
-/// The prompt rows of training step `step`: consecutive batches of the (optionally shuffled) row order, with
-/// a new deterministic shuffle each epoch, so that a resumed run sees the same batches.
-pub fn step_batch(
-    rows: &[PromptRow],
+/// Which rows each step rolls out: consecutive batches of the (optionally shuffled) row order, with a new
+/// deterministic shuffle each epoch, so that a resumed run sees the same batches. Like a data loader with
+/// `drop_last`, an epoch holds `rows / batch` full batches and drops the tail; without it, the epoch's last
+/// batch is short. Rows are never repeated within an epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowCursor {
+    rows: usize,
     batch_size: usize,
-    step: u64,
     shuffle: bool,
+    drop_last: bool,
     seed: u64,
-) -> Vec<PromptRow> {
-    if rows.is_empty() || batch_size == 0 {
-        return Vec::new();
-    }
-    let per_epoch = (rows.len() / batch_size).max(1) as u64;
-    let epoch = step / per_epoch;
-    let within = (step % per_epoch) as usize;
-    let mut order: Vec<usize> = (0..rows.len()).collect();
-    if shuffle {
-        let mut state = seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        for i in (1..order.len()).rev() {
-            state = splitmix(state);
-            order.swap(i, (state % (i as u64 + 1)) as usize);
+}
+
+impl RowCursor {
+    /// A cursor over `rows` rows in batches of `batch_size` (at least 1).
+    pub fn new(rows: usize, batch_size: usize, shuffle: bool, drop_last: bool, seed: u64) -> Self {
+        Self {
+            rows,
+            batch_size: batch_size.max(1),
+            shuffle,
+            drop_last,
+            seed,
         }
     }
-    order
-        .iter()
-        .cycle()
-        .skip(within * batch_size)
-        .take(batch_size)
-        .map(|&i| rows[i].clone())
-        .collect()
+
+    /// Batches per epoch (0 when `drop_last` and there are fewer rows than one batch).
+    pub fn batches_per_epoch(&self) -> u64 {
+        let full = self.rows / self.batch_size;
+        let short = usize::from(!self.drop_last && !self.rows.is_multiple_of(self.batch_size));
+        (full + short) as u64
+    }
+
+    /// Rows an epoch leaves out (`drop_last` only).
+    pub fn dropped_tail(&self) -> usize {
+        if self.drop_last {
+            self.rows % self.batch_size
+        } else {
+            0
+        }
+    }
+
+    /// The row indices of step `step`.
+    pub fn step_indices(&self, step: u64) -> Vec<usize> {
+        let per_epoch = self.batches_per_epoch();
+        if per_epoch == 0 {
+            return Vec::new();
+        }
+        let epoch = step / per_epoch;
+        let within = (step % per_epoch) as usize;
+        let order = self.epoch_order(epoch);
+        let start = within * self.batch_size;
+        let end = (start + self.batch_size).min(self.rows);
+        order[start..end].to_vec()
+    }
+
+    /// The row order of epoch `epoch`.
+    fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.rows).collect();
+        if self.shuffle {
+            let mut state = self.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for i in (1..order.len()).rev() {
+                state = splitmix(state);
+                order.swap(i, (state % (i as u64 + 1)) as usize);
+            }
+        }
+        order
+    }
+
+    /// The rows of step `step`.
+    pub fn step_rows(&self, rows: &[PromptRow], step: u64) -> Vec<PromptRow> {
+        self.step_indices(step)
+            .into_iter()
+            .filter_map(|i| rows.get(i).cloned())
+            .collect()
+    }
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -204,3 +249,6 @@ pub fn seed_of(text: &str) -> u64 {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
+
+#[cfg(test)]
+mod tests;

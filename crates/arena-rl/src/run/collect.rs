@@ -11,7 +11,7 @@ use super::Run;
 use crate::error::Result;
 use crate::journal::{RolloutRecord, SampleKey, Verdict};
 use crate::observe::{StepMetrics, phase_bar};
-use crate::resolve::{seed_of, step_batch};
+use crate::resolve::{RowCursor, seed_of};
 use crate::workflow::{GroupFate, GroupRun};
 
 /// One step's collected groups.
@@ -65,11 +65,30 @@ pub struct RunSummary {
 impl Run {
     /// Total training steps: `actor.total_train_steps`, else one pass over the rows.
     pub fn total_steps(&self) -> u64 {
-        let batch = self.config.train_dataset.batch_size.max(1);
         self.config
             .actor
             .total_train_steps
-            .unwrap_or((self.rows.len() as u64 / batch).max(1))
+            .unwrap_or(self.train_cursor().batches_per_epoch().max(1))
+    }
+
+    /// Which rows each training step rolls out (`train_dataset`: batch size, shuffle, drop_last).
+    pub fn train_cursor(&self) -> RowCursor {
+        let d = &self.config.train_dataset;
+        let seed = seed_of(&format!(
+            "{}/{}",
+            self.config.experiment_name, self.config.trial_name
+        ));
+        RowCursor::new(self.rows.len(), d.batch_size as usize, d.shuffle, d.drop_last, seed)
+    }
+
+    /// The rows each evaluation rolls out: the first batch of `valid_dataset` (one row without it).
+    fn eval_cursor(&self) -> RowCursor {
+        let (batch, drop_last) = self
+            .config
+            .valid_dataset
+            .as_ref()
+            .map_or((1, true), |d| (d.batch_size as usize, d.drop_last));
+        RowCursor::new(self.rows.len(), batch, false, drop_last, 0)
     }
 
     /// Runs every group of step `step` (samples already journaled are reused).
@@ -80,27 +99,11 @@ impl Run {
         done: &BTreeMap<SampleKey, RolloutRecord>,
     ) -> Result<Collected> {
         let started = Instant::now();
-        let (rows, batch) = match scope {
-            Scope::EvalRollout => {
-                let b = self
-                    .config
-                    .valid_dataset
-                    .as_ref()
-                    .map_or(1, |d| d.batch_size as usize);
-                (step_batch(&self.rows, b, 0, false, 0), b)
-            }
-            Scope::Rollout => {
-                let b = self.config.train_dataset.batch_size as usize;
-                let seed = seed_of(&format!(
-                    "{}/{}",
-                    self.config.experiment_name, self.config.trial_name
-                ));
-                (
-                    step_batch(&self.rows, b, step, self.config.train_dataset.shuffle, seed),
-                    b,
-                )
-            }
+        let (cursor, cursor_step) = match scope {
+            Scope::EvalRollout => (self.eval_cursor(), 0),
+            Scope::Rollout => (self.train_cursor(), step),
         };
+        let rows = cursor.step_rows(&self.rows, cursor_step);
         let label = if scope == Scope::EvalRollout {
             "eval"
         } else {
@@ -109,7 +112,7 @@ impl Run {
         let bar = phase_bar(
             self.config.metrics.progress,
             label,
-            (batch * self.workflow.n_samples as usize) as u64,
+            (rows.len() * self.workflow.n_samples as usize) as u64,
         );
         bar.set_message(format!("step {step}"));
         let futures = rows.iter().enumerate().map(|(g, row)| {

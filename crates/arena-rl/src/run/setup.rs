@@ -293,11 +293,21 @@ async fn worker_rows(
         worker,
     )
     .await?;
-    if rows.len() < batch_size {
+    let drop_last = config.train_dataset.drop_last;
+    if drop_last && rows.len() < batch_size {
         return Err(Error::Invalid(format!(
-            "the streams hold {} rows for this worker, fewer than train_dataset.batch_size {batch_size}",
+            "the streams hold {} rows for this worker, fewer than train_dataset.batch_size {batch_size} \
+             (with train_dataset.drop_last, no full batch remains)",
             rows.len()
         )));
+    }
+    let tail = if drop_last { rows.len() % batch_size.max(1) } else { 0 };
+    if tail > 0 {
+        tracing::warn!(
+            rows = rows.len(),
+            batch_size,
+            "drop_last will omit {tail} tail rows of every epoch"
+        );
     }
     Ok(rows)
 }

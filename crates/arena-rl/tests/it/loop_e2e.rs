@@ -468,3 +468,41 @@ async fn a_row_loaded_under_another_reward_ref_is_rejected_before_launch_8_2_22(
     assert!(sim.requests_to(Endpoint::LaunchOneTask).is_empty());
     assert!(run.workflow.close().await.unwrap().is_empty());
 }
+
+/// `train_dataset.drop_last` reaches the run: without it, an epoch's last step rolls out the short tail and
+/// an epoch takes one step more; with it, the tail is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_last_decides_whether_the_tail_is_rolled_out() {
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let rows = one_sample_run(&sim, root.path()).await.rows.len();
+    assert!(rows >= 3, "the world has {rows} rows");
+    let batch = rows - 1;
+    for drop_last in [true, false] {
+        let root = tempfile::tempdir().unwrap();
+        let model = model_folder(root.path());
+        let config = config(
+            &sim.base_url(),
+            root.path(),
+            &model,
+            &[
+                &format!("train_dataset.batch_size={batch}"),
+                &format!("train_dataset.drop_last={drop_last}"),
+                "train_dataset.shuffle=false",
+                "gconfig.n_samples=1",
+            ],
+        );
+        let run = arena_rl::run::setup(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
+            .await
+            .unwrap();
+        let (steps, last) = if drop_last { (1, batch) } else { (2, 1) };
+        // One pass over the rows (the default of `actor.total_train_steps`, which the quickstart config sets).
+        assert_eq!(run.train_cursor().batches_per_epoch(), steps, "drop_last={drop_last}");
+        let collected = run
+            .collect(steps - 1, reward_routing::Scope::Rollout, &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(collected.groups.len(), last, "drop_last={drop_last}");
+        run.workflow.close().await.unwrap();
+    }
+}
