@@ -124,14 +124,16 @@ fn fail(problems: &Problems) -> ! {
 
 /// Loads the run config the job will load (the profile's and the user's overrides, the launch environment and
 /// the values the scripts export), so a broken config or override fails here rather than in the queue.
-pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<(), Problems> {
+///
+/// Returns the loaded config, which is the one `arena-rl train` will run with.
+pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<stream_config::RunConfig, Problems> {
     let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     vars.extend(render::launch_env(l).into_iter().map(|(k, v)| (k.to_string(), v)));
     let config_env = stream_config::Env::from_pairs(vars);
     let mut overrides = render::profile_overrides(l);
     overrides.extend(l.overrides.iter().cloned());
     match stream_config::load_run_config(&l.config, &overrides, &config_env) {
-        Ok(_) => Ok(()),
+        Ok(config) => Ok(config),
         Err(e) => {
             let mut problems = Problems::default();
             for p in e.problems() {

@@ -61,8 +61,11 @@ pub(crate) fn render(l: &Launch) -> Scripts {
 
 /// The dotted overrides the profile passes to `arena-rl train`, before the user's.
 ///
-/// Only keys the run-config schema has today are set here; see docs/slurm.md for the knobs that are not wired
-/// yet.
+/// Every key is one the run-config schema has (a test loads them); docs/slurm.md lists what each knob sets.
+/// `context` has no key of its own: the policy's context window is its model's, so the knob sets what the
+/// reference derives from it, the trainer's micro-batch budget (`ACTOR_MAX_TOKENS_PER_MB = CONTEXT_LENGTH`).
+/// `max_tokens` bounds prompt and output together; the one part of that bound a key can carry is that no
+/// output is longer than `max_tokens`, so it caps the run's default output budget.
 pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
     let k = &l.knobs;
     let mut o = vec![
@@ -72,8 +75,10 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         format!("cluster.n_gpus_per_node={}", l.placement.gpus_per_node),
         format!("train_dataset.batch_size={}", k.batch),
         format!("gconfig.n_samples={}", k.samples),
-        format!("gconfig.max_new_tokens={}", k.max_new_tokens),
+        format!("gconfig.max_new_tokens={}", k.max_new_tokens.min(k.max_tokens)),
         format!("actor.total_train_steps={}", k.steps),
+        format!("actor.max_tokens_per_mb={}", k.context),
+        format!("rollout.max_concurrent_rollouts={}", k.concurrency),
     ];
     if let Some(d) = &l.dataset_config {
         o.push(format!("econfig.arena_streams_file={}", d.display()));

@@ -720,3 +720,124 @@ fn profile_configs_load_with_the_profile_overrides() {
         );
     }
 }
+
+/// One knob case: the profile with `changes` and `overrides`, loaded as `arena-rl train` loads it (the
+/// profile's real config file, then the profile's overrides, then the user's); returns what `knob` reads from
+/// that config, after checking that the rendered GPU job passes the profile's `arg` to `arena-rl train`.
+fn check_knob<T: std::fmt::Debug + PartialEq>(
+    profile: Profile,
+    changes: &[Change],
+    overrides: &[&str],
+    arg: fn(&profile::Knobs) -> String,
+    knob: fn(&stream_config::RunConfig) -> T,
+    want: T,
+) {
+    let site = Site::new();
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let streams = site.root.join("streams.yaml");
+    write(
+        &streams,
+        "streams:\n  - name: alpha\n    stream_id: stream-a\n    harness: claude-code@1\n",
+    );
+    let config = checkout.join(profile.default_config());
+    let mut all = vec![("CONFIG_PATH", Some(config.to_str().expect("utf-8")))];
+    if profile == Profile::FlashV3 {
+        all.push(("DATASET_CONFIG", Some(streams.to_str().expect("utf-8"))));
+    }
+    all.extend(changes.iter().copied());
+    let l = site
+        .launch(profile, Mode::Submit, &all, overrides)
+        .expect("valid");
+    let env: Env = site.env().into_iter().collect();
+    let c = check_config(&l, &env).unwrap_or_else(|p| panic!("{}: {}", profile.name(), p.lines().join("\n")));
+    assert_eq!(knob(&c), want, "{} {changes:?} {overrides:?}", profile.name());
+    let train = render::render(&l).train;
+    let arg = arg(&l.knobs);
+    assert!(
+        train.lines().any(|line| line.trim() == format!("{arg} \\")),
+        "train.sbatch does not pass {arg} to arena-rl train:\n{train}"
+    );
+}
+
+/// `context` has no config key of its own (the policy's context window is its model's): it sets what the
+/// reference derives from it, the trainer's micro-batch budget (`ACTOR_MAX_TOKENS_PER_MB = CONTEXT_LENGTH`),
+/// over the config file's value; the user's override still wins.
+#[test]
+fn context_sets_the_trainer_micro_batch_budget() {
+    let arg = |k: &profile::Knobs| format!("actor.max_tokens_per_mb={}", k.context);
+    let knob = |c: &stream_config::RunConfig| c.actor.max_tokens_per_mb;
+    check_knob(Profile::Local, &[], &[], arg, knob, 2048);
+    check_knob(Profile::Grpo, &[], &[], arg, knob, 32768);
+    check_knob(Profile::FlashV3, &[], &[], arg, knob, 131072);
+    let small = [("CONTEXT_LENGTH", Some("32768"))];
+    check_knob(Profile::FlashV3, &small, &[], arg, knob, 32768);
+    check_knob(
+        Profile::FlashV3,
+        &small,
+        &["actor.max_tokens_per_mb=4096"],
+        arg,
+        knob,
+        4096,
+    );
+}
+
+/// `max_tokens` bounds prompt and output together; no output is longer than it, so it caps the run's default
+/// output budget `gconfig.max_new_tokens` when `MAX_NEW_TOKENS` is above it (both below the context, as the
+/// reference allows). flash_v3.yaml's own 131071 loses to the knobs.
+#[test]
+fn max_tokens_caps_the_output_budget() {
+    let arg = |k: &profile::Knobs| format!("gconfig.max_new_tokens={}", k.max_new_tokens.min(k.max_tokens));
+    let knob = |c: &stream_config::RunConfig| c.gconfig.max_new_tokens;
+    check_knob(Profile::Local, &[], &[], arg, knob, 64);
+    check_knob(Profile::Grpo, &[], &[], arg, knob, 8192);
+    check_knob(Profile::FlashV3, &[], &[], arg, knob, 131071);
+    let cases: &[(&[Change], u32)] = &[
+        (&[("MAX_TOKENS", Some("20000"))], 20000),
+        (
+            &[("MAX_TOKENS", Some("1000")), ("MAX_NEW_TOKENS", Some("4000"))],
+            1000,
+        ),
+        (
+            &[("MAX_TOKENS", Some("9000")), ("MAX_NEW_TOKENS", Some("512"))],
+            512,
+        ),
+        (
+            &[("CONTEXT_LENGTH", Some("8192")), ("MAX_NEW_TOKENS", Some("8000"))],
+            8000,
+        ),
+    ];
+    for (changes, want) in cases {
+        check_knob(Profile::FlashV3, changes, &[], arg, knob, *want);
+    }
+    let changes = [("MAX_TOKENS", Some("1000")), ("MAX_NEW_TOKENS", Some("4000"))];
+    check_knob(
+        Profile::FlashV3,
+        &changes,
+        &["gconfig.max_new_tokens=100"],
+        arg,
+        knob,
+        100,
+    );
+}
+
+/// `concurrency` is the number of rollouts in flight, `rollout.max_concurrent_rollouts`.
+#[test]
+fn concurrency_sets_the_rollouts_in_flight() {
+    let arg = |k: &profile::Knobs| format!("rollout.max_concurrent_rollouts={}", k.concurrency);
+    let knob = |c: &stream_config::RunConfig| c.rollout.max_concurrent_rollouts;
+    check_knob(Profile::Local, &[], &[], arg, knob, Some(4));
+    check_knob(Profile::Grpo, &[], &[], arg, knob, Some(16));
+    check_knob(Profile::FlashV3, &[], &[], arg, knob, Some(1500));
+    let changes = [("MAX_CONCURRENT_ROLLOUTS", Some("77"))];
+    check_knob(Profile::FlashV3, &changes, &[], arg, knob, Some(77));
+    check_knob(
+        Profile::FlashV3,
+        &changes,
+        &["rollout.max_concurrent_rollouts=3"],
+        arg,
+        knob,
+        Some(3),
+    );
+}

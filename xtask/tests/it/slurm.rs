@@ -424,6 +424,21 @@ fn submit_trains_the_local_profile_for_two_steps_under_slurm() {
         })
         .collect();
     assert_eq!(steps, [0, 1], "metrics.jsonl:\n{metrics}");
+    // The run config the trainer saved holds the profile's knobs: context 2048 as the micro-batch budget,
+    // max_new_tokens 64 (under max_tokens 2047), concurrency 4.
+    let saved = run.join("config.yaml");
+    let config = stream_config::load_run_config(&saved, &[], &stream_config::Env::from_pairs([("", ""); 0]))
+        .unwrap_or_else(|e| panic!("{} does not load: {e}", saved.display()));
+    assert_eq!(
+        (
+            config.actor.max_tokens_per_mb,
+            config.gconfig.max_new_tokens,
+            config.rollout.max_concurrent_rollouts,
+        ),
+        (2048, 64, Some(4)),
+        "{}",
+        saved.display()
+    );
     let checkpoint = run.join("checkpoints/step-2");
     let manifest: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(checkpoint.join("checkpoint.json")).expect("checkpoint.json written"),
