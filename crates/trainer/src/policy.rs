@@ -275,6 +275,15 @@ impl Policy {
         Ok(SwapReceipt { rx })
     }
 
+    /// Lets the engine take at most `steps` more decode steps (one token for every sequence in flight each),
+    /// after which it holds between steps, neither admitting nor decoding, until the next call; `None` lifts
+    /// the limit. Commands keep being handled while it holds, so a caller can place a weight swap or a
+    /// scoring pass after an exact number of tokens (tests do; generation is otherwise never held).
+    /// A prefill's first token is not a decode step. Dropping every handle lifts the hold.
+    pub fn limit_decode_steps(&self, steps: Option<u64>) -> Result<()> {
+        self.send(Command::Budget(steps))
+    }
+
     /// Per-position logits of `input_ids` under the current weights (run between decoding steps).
     /// Blocks the thread; from async code use [`Policy::score_async`].
     pub fn score(&self, input_ids: &[u32]) -> Result<Logits> {
