@@ -48,7 +48,7 @@ pub use policy::{
 };
 pub use sampling::SamplingParams;
 pub use train::{
-    AdvNorm, KlEstimator, LossAggregation, NormLevel, PpoConfig, RlBatch, SftBatch, SftSequence, StepStats,
-    TrainConfig, TrainSequence, Trainer, TrainerOptions,
+    AdvNorm, KlEstimator, LossAggregation, MemoryConfig, NormLevel, PpoConfig, RlBatch, SftBatch,
+    SftSequence, StepStats, TrainConfig, TrainSequence, Trainer, TrainerOptions,
 };
 pub use weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};
