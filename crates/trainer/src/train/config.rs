@@ -1,5 +1,6 @@
 //! The settings of a training step: the PPO objective, token aggregation, advantage normalisation,
-//! micro-batching, the optimiser and its schedule.
+//! micro-batching, the optimiser and its schedule; and how a step trades memory for time ([`MemoryConfig`]:
+//! chunk sizes and layer recompute, which change no result).
 //!
 //! Names and defaults follow the reference's `actor` config where it has the knob (`eps_clip`, `c_clip`,
 //! `behav_imp_weight_cap`, `kl_ctl`, `kl_estimator`, `adv_norm`, `optimizer.*`, `mb_spec.max_tokens_per_mb`).
