@@ -182,6 +182,7 @@ impl Policy {
             return Err(Error::config("<model config>", problems.join("; ")));
         }
         weights.check_against(&config).map_err(Error::WeightMismatch)?;
+        options.device.check()?;
         match options.device {
             DeviceKind::Cpu => {
                 Self::spawn::<crate::backend::Cpu>(config, weights, options, burn_ndarray::NdArrayDevice::Cpu)
@@ -193,7 +194,7 @@ impl Policy {
             #[cfg(not(feature = "cuda"))]
             DeviceKind::Cuda(_) => Err(Error::Device(
                 options.device.to_string(),
-                "this build has no `cuda` feature".to_string(),
+                crate::backend::NO_CUDA.to_string(),
             )),
         }
     }

@@ -6,6 +6,11 @@
 //! takes one AdamW step at the schedule's rate (`learner`, [`crate::optim`]). Statistics come back as a
 //! [`StepStats`].
 //!
+//! A micro-batch's memory grows linearly with its tokens: the output projection runs in chunks of rows and
+//! attention in blocks of query rows, each keeping one log-sum-exp per row for a backward pass that
+//! recomputes the rest (`chunked`, `cpu`); [`MemoryConfig`] sets the sizes and, on the CPU, turns on layer
+//! recompute, which keeps only each decoder layer's input.
+//!
 //! The state a step depends on is the weights, the AdamW moments and the step count; the update draws no
 //! random numbers (no dropout, a deterministic packing), so that state restored from disk continues a run
 //! bit for bit on the CPU. Callers keep their own generators' state in the checkpoint's opaque blob.
@@ -152,6 +157,7 @@ impl Trainer {
         config: TrainConfig,
         options: TrainerOptions,
     ) -> Result<Self> {
+        options.device.check()?;
         let engine: Box<dyn Engine> = match options.device {
             DeviceKind::Cpu => {
                 if options.bf16_autocast {
@@ -180,7 +186,7 @@ impl Trainer {
             DeviceKind::Cuda(_) => {
                 return Err(Error::Device(
                     options.device.to_string(),
-                    "this build has no `cuda` feature".to_string(),
+                    crate::backend::NO_CUDA.to_string(),
                 ));
             }
         };
