@@ -8,6 +8,8 @@
 //! finished or abandoned rows are cut out of it.
 //! Commands (submit, weight swap, scoring) are handled between steps, so a swap never interrupts a step and
 //! never drops a sequence.
+//! A decode-step budget ([`Command::Budget`]) makes the loop hold between steps, still handling commands,
+//! so a caller can place a swap after an exact number of tokens.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -31,6 +33,9 @@ pub(crate) enum Command {
     Submit(Box<GenerationRequest>, mpsc::UnboundedSender<GenerationEvent>),
     Swap(Box<Weights>, u64, oneshot::Sender<Result<u64>>),
     Score(Vec<u32>, oneshot::Sender<Result<Logits>>),
+    /// At most this many more decode steps, then hold (no admission, no decoding) until the next budget;
+    /// `None` lifts the limit.
+    Budget(Option<u64>),
 }
 
 /// State shared between the handle and the engine thread.
@@ -64,6 +69,8 @@ pub(crate) struct Engine<B: Backend> {
     seqs: Vec<Seq>,
     cache: Option<KvCache<B>>,
     pending: VecDeque<(GenerationRequest, mpsc::UnboundedSender<GenerationEvent>)>,
+    /// Decode steps left before the loop holds; `None` is no limit.
+    budget: Option<u64>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -84,6 +91,7 @@ impl<B: Backend> Engine<B> {
             seqs: Vec::new(),
             cache: None,
             pending: VecDeque::new(),
+            budget: None,
         }
     }
 
@@ -91,13 +99,24 @@ impl<B: Backend> Engine<B> {
     pub(crate) fn run(mut self, rx: Receiver<Command>) {
         let mut open = true;
         loop {
-            if self.seqs.is_empty() && self.pending.is_empty() {
-                if !open {
-                    return;
+            let idle = self.seqs.is_empty() && self.pending.is_empty();
+            if idle || self.held() {
+                if open {
+                    match rx.recv() {
+                        Ok(cmd) => self.handle(cmd),
+                        Err(_) => open = false,
+                    }
                 }
-                match rx.recv() {
-                    Ok(cmd) => self.handle(cmd),
-                    Err(_) => return,
+                if !open {
+                    if idle {
+                        return;
+                    }
+                    // Nobody is left to lift the hold: finish the work that is in flight.
+                    self.budget = None;
+                }
+                if self.held() {
+                    self.publish_active();
+                    continue;
                 }
             }
             while open {
@@ -108,14 +127,26 @@ impl<B: Backend> Engine<B> {
                 }
             }
             self.drop_abandoned();
-            self.admit();
-            if !self.seqs.is_empty() {
-                self.decode_step();
+            if !self.held() {
+                self.admit();
             }
-            self.shared
-                .active
-                .store((self.seqs.len() + self.pending.len()) as u64, Ordering::Relaxed);
+            if !self.seqs.is_empty() && !self.held() {
+                self.decode_step();
+                self.budget = self.budget.map(|b| b.saturating_sub(1));
+            }
+            self.publish_active();
         }
+    }
+
+    /// Whether a spent decode-step budget holds the loop between steps.
+    fn held(&self) -> bool {
+        self.budget == Some(0)
+    }
+
+    fn publish_active(&self) {
+        self.shared
+            .active
+            .store((self.seqs.len() + self.pending.len()) as u64, Ordering::Relaxed);
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -147,6 +178,7 @@ impl<B: Backend> Engine<B> {
             Command::Score(tokens, reply) => {
                 let _ = reply.send(Ok(self.score(&tokens)));
             }
+            Command::Budget(steps) => self.budget = steps,
         }
     }
 

@@ -17,7 +17,11 @@
 //! - [`Policy`]: `Policy::load(dir, options)`, `submit(GenerationRequest) -> GenerationStream`, `score`,
 //!   `version`, `swap_weights`.
 //! - [`Trainer`]: `Trainer::load(dir, TrainConfig, options)`, `grpo_step(&RlBatch)`, `sft_step(&SftBatch)`
-//!   (both return [`StepStats`]), `weights`, `save_checkpoint`/`resume` with [`Checkpoints`].
+//!   (both return [`StepStats`]), `weights`, `save_checkpoint`/`resume` with [`Checkpoints`];
+//!   `set_memory(MemoryConfig)` for the chunk sizes and layer recompute that keep a step's memory linear in
+//!   the sequence length.
+//! - [`DeviceKind`]: `cpu`, `cuda`, `cuda:N`, checked (feature, driver, device index) before use.
+//! - [`estimate`]: the published shapes of the models users train and a dry-run [`estimate::MemoryEstimate`].
 //! - [`ModelConfig`] and [`ModelFolder`]: `config.json` read strictly, written back with
 //!   [`ModelConfig::to_hf_json`]; [`save_pretrained`] writes a whole folder.
 //! - [`Weights`]: parameters on the host under Hugging Face names, to and from safetensors and models.
@@ -29,6 +33,7 @@ pub mod config;
 mod cpu;
 mod engine;
 pub mod error;
+pub mod estimate;
 pub mod model;
 pub mod optim;
 pub mod policy;
@@ -48,7 +53,7 @@ pub use policy::{
 };
 pub use sampling::SamplingParams;
 pub use train::{
-    AdvNorm, KlEstimator, LossAggregation, NormLevel, PpoConfig, RlBatch, SftBatch, SftSequence, StepStats,
-    TrainConfig, TrainSequence, Trainer, TrainerOptions,
+    AdvNorm, KlEstimator, LossAggregation, MemoryConfig, NormLevel, PpoConfig, RlBatch, SftBatch,
+    SftSequence, StepStats, TrainConfig, TrainSequence, Trainer, TrainerOptions,
 };
 pub use weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};

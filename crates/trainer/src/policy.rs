@@ -182,6 +182,7 @@ impl Policy {
             return Err(Error::config("<model config>", problems.join("; ")));
         }
         weights.check_against(&config).map_err(Error::WeightMismatch)?;
+        options.device.check()?;
         match options.device {
             DeviceKind::Cpu => {
                 Self::spawn::<crate::backend::Cpu>(config, weights, options, burn_ndarray::NdArrayDevice::Cpu)
@@ -193,7 +194,7 @@ impl Policy {
             #[cfg(not(feature = "cuda"))]
             DeviceKind::Cuda(_) => Err(Error::Device(
                 options.device.to_string(),
-                "this build has no `cuda` feature".to_string(),
+                crate::backend::NO_CUDA.to_string(),
             )),
         }
     }
@@ -273,6 +274,15 @@ impl Policy {
         let (ack, rx) = oneshot::channel();
         self.send(Command::Swap(Box::new(weights), version, ack))?;
         Ok(SwapReceipt { rx })
+    }
+
+    /// Lets the engine take at most `steps` more decode steps (one token for every sequence in flight each),
+    /// after which it holds between steps, neither admitting nor decoding, until the next call; `None` lifts
+    /// the limit. Commands keep being handled while it holds, so a caller can place a weight swap or a
+    /// scoring pass after an exact number of tokens (tests do; generation is otherwise never held).
+    /// A prefill's first token is not a decode step. Dropping every handle lifts the hold.
+    pub fn limit_decode_steps(&self, steps: Option<u64>) -> Result<()> {
+        self.send(Command::Budget(steps))
     }
 
     /// Per-position logits of `input_ids` under the current weights (run between decoding steps).

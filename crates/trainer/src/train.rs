@@ -6,11 +6,17 @@
 //! takes one AdamW step at the schedule's rate (`learner`, [`crate::optim`]). Statistics come back as a
 //! [`StepStats`].
 //!
+//! A micro-batch's memory grows linearly with its tokens: the output projection runs in chunks of rows and
+//! attention in blocks of query rows, each keeping one log-sum-exp per row for a backward pass that
+//! recomputes the rest (`chunked`, `cpu`); [`MemoryConfig`] sets the sizes and, on the CPU, turns on layer
+//! recompute, which keeps only each decoder layer's input.
+//!
 //! The state a step depends on is the weights, the AdamW moments and the step count; the update draws no
 //! random numbers (no dropout, a deterministic packing), so that state restored from disk continues a run
 //! bit for bit on the CPU. Callers keep their own generators' state in the checkpoint's opaque blob.
 
 pub mod batch;
+pub(crate) mod chunked;
 pub mod config;
 pub(crate) mod cpu;
 pub(crate) mod forward;
@@ -30,7 +36,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 pub use batch::{RlBatch, SftBatch, SftSequence, TrainSequence};
-pub use config::{AdvNorm, KlEstimator, LossAggregation, NormLevel, PpoConfig, TrainConfig};
+pub use config::{AdvNorm, KlEstimator, LossAggregation, MemoryConfig, NormLevel, PpoConfig, TrainConfig};
 pub use stats::{Range, StepStats};
 
 use crate::backend::DeviceKind;
@@ -70,6 +76,8 @@ trait Engine: Send {
     fn steps(&self) -> u64;
     fn config(&self) -> &TrainConfig;
     fn set_config(&mut self, config: TrainConfig) -> Result<()>;
+    fn memory(&self) -> MemoryConfig;
+    fn set_memory(&mut self, memory: MemoryConfig) -> Result<()>;
     fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>>;
     fn optimizer_host(&self) -> BTreeMap<String, HostTensor>;
     fn restore(
@@ -102,6 +110,12 @@ where
     }
     fn set_config(&mut self, config: TrainConfig) -> Result<()> {
         Learner::set_config(self, config)
+    }
+    fn memory(&self) -> MemoryConfig {
+        Learner::memory(self)
+    }
+    fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
+        Learner::set_memory(self, memory)
     }
     fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
         Learner::logprobs(self, sequences, temperature)
@@ -143,6 +157,7 @@ impl Trainer {
         config: TrainConfig,
         options: TrainerOptions,
     ) -> Result<Self> {
+        options.device.check()?;
         let engine: Box<dyn Engine> = match options.device {
             DeviceKind::Cpu => {
                 if options.bf16_autocast {
@@ -171,7 +186,7 @@ impl Trainer {
             DeviceKind::Cuda(_) => {
                 return Err(Error::Device(
                     options.device.to_string(),
-                    "this build has no `cuda` feature".to_string(),
+                    crate::backend::NO_CUDA.to_string(),
                 ));
             }
         };
@@ -205,6 +220,17 @@ impl Trainer {
     /// trainer built with it on).
     pub fn set_config(&mut self, config: TrainConfig) -> Result<()> {
         self.engine.set_config(config)
+    }
+
+    /// How steps trade memory for time (chunk sizes, layer recompute).
+    pub fn memory(&self) -> MemoryConfig {
+        self.engine.memory()
+    }
+
+    /// Sets how steps trade memory for time; results agree with any setting to rounding.
+    /// Layer recompute is refused on devices that do not implement it.
+    pub fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
+        self.engine.set_memory(memory)
     }
 
     /// Optimiser steps taken so far (restored ones included).

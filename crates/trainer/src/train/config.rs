@@ -1,5 +1,6 @@
 //! The settings of a training step: the PPO objective, token aggregation, advantage normalisation,
-//! micro-batching, the optimiser and its schedule.
+//! micro-batching, the optimiser and its schedule; and how a step trades memory for time ([`MemoryConfig`]:
+//! chunk sizes and layer recompute, which change no result).
 //!
 //! Names and defaults follow the reference's `actor` config where it has the knob (`eps_clip`, `c_clip`,
 //! `behav_imp_weight_cap`, `kl_ctl`, `kl_estimator`, `adv_norm`, `optimizer.*`, `mb_spec.max_tokens_per_mb`).
@@ -213,6 +214,63 @@ impl TrainConfig {
             }
             if n.group_size == 0 {
                 p.push("adv_norm.group_size must be >= 1, got 0".to_string());
+            }
+        }
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::TrainConfig(p.join("; ")))
+        }
+    }
+}
+
+/// How a step trades memory for time. None of it changes the maths: chunked and whole computations agree
+/// to rounding (the tests check values and gradients).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Rows of logits the output projection computes at once (log-softmax, target log-probability and
+    /// entropy); its backward pass recomputes each chunk's logits from two saved numbers per row, so the step
+    /// holds `logits_chunk x vocab` logits at a time instead of `tokens x vocab`.
+    pub logits_chunk: usize,
+    /// Query rows per attention block: the forward pass keeps one log-sum-exp per row and head, and the
+    /// backward pass recomputes each block's probabilities, so no `tokens x tokens` state is kept.
+    pub attention_block: usize,
+    /// Keep only each decoder layer's input for the backward pass and recompute the layer's activations
+    /// there (one more forward pass per step, activations linear in the layers' inputs alone). Only the CPU
+    /// backend implements it; elsewhere it is refused.
+    pub recompute_layers: bool,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            logits_chunk: 1024,
+            attention_block: 256,
+            recompute_layers: false,
+        }
+    }
+}
+
+impl MemoryConfig {
+    /// Whole computations (one chunk, one block per sequence), as before chunking: for comparisons.
+    pub fn unchunked() -> Self {
+        Self {
+            logits_chunk: usize::MAX,
+            attention_block: usize::MAX,
+            recompute_layers: false,
+        }
+    }
+
+    /// Checks every field; the error lists every problem.
+    pub fn validate(&self) -> Result<()> {
+        let mut p = Vec::new();
+        for (name, v) in [
+            ("logits_chunk", self.logits_chunk),
+            ("attention_block", self.attention_block),
+        ] {
+            if v == 0 {
+                p.push(format!("memory.{name} must be >= 1, got 0"));
             }
         }
         if p.is_empty() {

@@ -1,11 +1,13 @@
 //! The CPU training kernels plugged into burn: [`Kernels`] for the plain CPU backend (forward only) and for
 //! `Autodiff<Cpu>`, where each fused operation is one autodiff node with its own backward pass.
 //!
-//! Each node keeps what its backward pass reads (inputs, and for attention and the output projection the
-//! probabilities), computes with the array kernels of `cpu/math.rs`, and registers the gradients of the
-//! parents that require them. Tests compare every kernel with burn's own differentiation of the provided
-//! methods.
+//! Each node keeps what its backward pass reads (its inputs; attention and the output projection add only
+//! one log-sum-exp per row and head, and recompute their probabilities block by block and chunk by chunk),
+//! computes with the array kernels of `cpu/math.rs`, and registers the gradients of the parents that require
+//! them. With layer recompute a whole decoder layer is one node (`cpu/layer.rs`). Tests compare every kernel
+//! with burn's own differentiation of whole, unchunked computations.
 
+mod layer;
 pub(crate) mod math;
 
 use std::sync::Arc;
@@ -20,11 +22,12 @@ use burn_ndarray::NdArrayTensor;
 use ndarray::{Ix1, Ix2, Ix3};
 
 use crate::backend::{Cpu, CpuAutodiff};
-use crate::train::kernels::{Kernels, RopeRows};
+use crate::model::DecoderLayer;
+use crate::train::kernels::{Kernels, Pass, RopeRows};
 use crate::train::pack::Run;
 use math::{AttnSaved, LogitsSaved};
 
-fn view<D: ndarray::Dimension>(p: &NdArrayTensor) -> ndarray::ArrayView<'_, f32, D> {
+pub(super) fn view<D: ndarray::Dimension>(p: &NdArrayTensor) -> ndarray::ArrayView<'_, f32, D> {
     match p {
         NdArrayTensor::F32(s) => s
             .view()
@@ -34,7 +37,7 @@ fn view<D: ndarray::Dimension>(p: &NdArrayTensor) -> ndarray::ArrayView<'_, f32,
     }
 }
 
-fn primitive<D: ndarray::Dimension>(a: ndarray::Array<f32, D>) -> NdArrayTensor {
+pub(super) fn primitive<D: ndarray::Dimension>(a: ndarray::Array<f32, D>) -> NdArrayTensor {
     NdArrayTensor::from(a.into_dyn().into_shared())
 }
 
@@ -82,6 +85,7 @@ impl Kernels for Cpu {
         runs: &[Run],
         scale: f64,
         _autocast: bool,
+        block: usize,
     ) -> Tensor<Self, 2> {
         let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
         let (out, _) = math::attention_forward(
@@ -90,6 +94,7 @@ impl Kernels for Cpu {
             view::<Ix3>(&v),
             runs,
             scale as f32,
+            block,
             false,
         );
         tensor(primitive(out))
@@ -101,6 +106,7 @@ impl Kernels for Cpu {
         t: &[i64],
         temperature: f64,
         _autocast: bool,
+        chunk: usize,
     ) -> Tensor<Self, 2> {
         let (h, w) = (h.into_primitive().tensor(), w.into_primitive().tensor());
         let (out, _) = math::logits_forward(
@@ -108,6 +114,7 @@ impl Kernels for Cpu {
             view::<Ix2>(&w),
             &targets(t),
             (1.0 / temperature) as f32,
+            chunk,
             false,
         );
         tensor(primitive(out))
@@ -226,14 +233,7 @@ impl Backward<Cpu, 2> for LogitsBackward {
         let [node_h, node_w] = ops.parents;
         let g = grads.consume::<Cpu>(&ops.node);
         let (h, w, saved) = ops.state;
-        // The probabilities become the logits' gradient in place when nothing else holds them.
-        let saved = Arc::try_unwrap(saved).unwrap_or_else(|shared| LogitsSaved {
-            probs: shared.probs.clone(),
-            entropy: shared.entropy.clone(),
-            targets: shared.targets.clone(),
-            inv_temperature: shared.inv_temperature,
-        });
-        let (dh, dw) = math::logits_backward(view::<Ix2>(&g), view::<Ix2>(&h), view::<Ix2>(&w), saved);
+        let (dh, dw) = math::logits_backward(view::<Ix2>(&g), view::<Ix2>(&h), view::<Ix2>(&w), &saved);
         if let Some(node) = node_h {
             grads.register::<Cpu>(node.id, primitive(dh));
         }
@@ -246,7 +246,7 @@ impl Backward<Cpu, 2> for LogitsBackward {
 type Prep<BO, const N: usize> = OpsKind<BO, Cpu, <BO as Backward<Cpu, N>>::State, NoCheckpointing, N>;
 
 /// Starts the autodiff node of `op` over `parents`.
-fn prepare<BO: Backward<Cpu, N>, const N: usize>(
+pub(super) fn prepare<BO: Backward<Cpu, N>, const N: usize>(
     op: BO,
     parents: [&FloatTensor<CpuAutodiff>; N],
 ) -> Prep<BO, N> {
@@ -256,7 +256,7 @@ fn prepare<BO: Backward<Cpu, N>, const N: usize>(
 }
 
 /// Finishes the node with its output, keeping `state` for the backward pass when the node is tracked.
-fn finish<BO: Backward<Cpu, N>, const N: usize, const D: usize>(
+pub(super) fn finish<BO: Backward<Cpu, N>, const N: usize, const D: usize>(
     prep: Prep<BO, N>,
     out: NdArrayTensor,
     state: impl FnOnce() -> BO::State,
@@ -273,6 +273,22 @@ fn tracked<BO: Backward<Cpu, N>, const N: usize>(prep: &Prep<BO, N>) -> bool {
 }
 
 impl Kernels for CpuAutodiff {
+    const RECOMPUTES_LAYERS: bool = true;
+
+    fn decoder_layer(
+        x: Tensor<Self, 2>,
+        l: &DecoderLayer<Self>,
+        rows: &RopeRows<Self>,
+        runs: &[Run],
+        pass: Pass,
+    ) -> Tensor<Self, 2> {
+        if pass.recompute {
+            layer::recomputed(x, l, rows, runs, pass)
+        } else {
+            crate::train::forward::layer(x, l, rows, runs, pass)
+        }
+    }
+
     fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, _autocast: bool) -> Tensor<Self, 2> {
         let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
         let prep = prepare(ProjectBackward, [&x, &w]);
@@ -310,6 +326,7 @@ impl Kernels for CpuAutodiff {
         runs: &[Run],
         scale: f64,
         _autocast: bool,
+        block: usize,
     ) -> Tensor<Self, 2> {
         let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
         let prep = prepare(AttentionBackward, [&q, &k, &v]);
@@ -319,10 +336,11 @@ impl Kernels for CpuAutodiff {
             view::<Ix3>(&v.primitive),
             runs,
             scale as f32,
+            block,
             tracked(&prep),
         );
         finish(prep, primitive(out), || {
-            let saved = saved.expect("probabilities are kept for tracked passes");
+            let saved = saved.expect("log-sum-exps are kept for tracked passes");
             (q.primitive, k.primitive, v.primitive, Arc::new(saved))
         })
     }
@@ -333,6 +351,7 @@ impl Kernels for CpuAutodiff {
         t: &[i64],
         temperature: f64,
         _autocast: bool,
+        chunk: usize,
     ) -> Tensor<Self, 2> {
         let (h, w) = (h.into_primitive().tensor(), w.into_primitive().tensor());
         let prep = prepare(LogitsBackward, [&h, &w]);
@@ -341,10 +360,11 @@ impl Kernels for CpuAutodiff {
             view::<Ix2>(&w.primitive),
             &targets(t),
             (1.0 / temperature) as f32,
+            chunk,
             tracked(&prep),
         );
         finish(prep, primitive(out), || {
-            let saved = saved.expect("probabilities are kept for tracked passes");
+            let saved = saved.expect("log-sum-exps are kept for tracked passes");
             (h.primitive, w.primitive, Arc::new(saved))
         })
     }

@@ -5,7 +5,9 @@
 //! end: projections, norms and the MLP see the whole row at once, while attention runs per sequence, so no
 //! token attends across a sequence boundary and no work is spent on the blocks a block-diagonal mask would
 //! throw away. Positions restart at 0 in every sequence. Only the rows that predict a trained token reach
-//! the output projection. The operations come from [`Kernels`], so each backend brings its fastest form.
+//! the output projection. The operations come from [`Kernels`], so each backend brings its fastest form; a
+//! [`Pass`] says how large the chunks of the output projection and the attention blocks are, and whether
+//! each decoder layer recomputes its activations in the backward pass.
 //! A test pins these log-probabilities to `CausalLm::forward` run on each sequence alone.
 
 use burn::tensor::backend::Backend;
@@ -13,8 +15,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::model::{Attention, CausalLm, DecoderLayer, HfLinear, Mlp, RmsNorm};
 use crate::rope::RopeTable;
-use crate::train::kernels::{Kernels, RopeRows};
-use crate::train::pack::Packed;
+use crate::train::kernels::{Kernels, Pass, RopeRows};
+use crate::train::pack::{Packed, Run};
 
 /// What one pass computes for the trained tokens of a row.
 pub(crate) struct TokenOutputs<B: Backend> {
@@ -46,9 +48,10 @@ fn attention<B: Kernels>(
     x: Tensor<B, 2>,
     a: &Attention<B>,
     rows: &RopeRows<B>,
-    p: &Packed,
-    autocast: bool,
+    runs: &[Run],
+    pass: Pass,
 ) -> Tensor<B, 2> {
+    let autocast = pass.autocast;
     let [t, _] = x.dims();
     let (nh, nkv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
     let q = linear(x.clone(), &a.q_proj, autocast).reshape([t, nh, d]);
@@ -62,9 +65,10 @@ fn attention<B: Kernels>(
         B::rope(q, rows),
         B::rope(k, rows),
         v,
-        &p.runs,
+        runs,
         1.0 / (d as f64).sqrt(),
         autocast,
+        pass.attention_block,
     );
     linear(out, &a.o_proj, autocast)
 }
@@ -75,15 +79,16 @@ fn mlp<B: Kernels>(x: Tensor<B, 2>, m: &Mlp<B>, autocast: bool) -> Tensor<B, 2> 
     linear(B::swiglu(gate, up), &m.down_proj, autocast)
 }
 
-fn layer<B: Kernels>(
+/// One decoder layer over a packed row whose sequences are `runs`.
+pub(crate) fn layer<B: Kernels>(
     x: Tensor<B, 2>,
     l: &DecoderLayer<B>,
     rows: &RopeRows<B>,
-    p: &Packed,
-    autocast: bool,
+    runs: &[Run],
+    pass: Pass,
 ) -> Tensor<B, 2> {
-    let h = x.clone() + attention(norm(x, &l.input_layernorm), &l.self_attn, rows, p, autocast);
-    h.clone() + mlp(norm(h, &l.post_attention_layernorm), &l.mlp, autocast)
+    let h = x.clone() + attention(norm(x, &l.input_layernorm), &l.self_attn, rows, runs, pass);
+    h.clone() + mlp(norm(h, &l.post_attention_layernorm), &l.mlp, pass.autocast)
 }
 
 /// Log-probabilities and entropies of the trained tokens of `p` under `model` at `temperature`.
@@ -92,7 +97,7 @@ pub(crate) fn token_logprobs<B: Kernels>(
     rope_table: &RopeTable,
     p: &Packed,
     temperature: f64,
-    autocast: bool,
+    pass: Pass,
 ) -> TokenOutputs<B> {
     let device = model.model.embed_tokens.weight.device();
     let t = p.tokens.len();
@@ -101,7 +106,7 @@ pub(crate) fn token_logprobs<B: Kernels>(
     let ids: Tensor<B, 1, Int> = Tensor::from_data(TensorData::new(p.tokens.clone(), [t]), &device);
     let mut x = model.model.embed_tokens.weight.val().select(0, ids);
     for l in &model.model.layers {
-        x = layer(x, l, &rows, p, autocast);
+        x = B::decoder_layer(x, l, &rows, &p.runs, pass);
     }
     let x = norm(x, &model.model.norm);
     let n = p.trained();
@@ -111,7 +116,7 @@ pub(crate) fn token_logprobs<B: Kernels>(
         Some(head) => head.weight.val(),
         None => model.model.embed_tokens.weight.val(),
     };
-    let both = B::token_logp(h, w, &p.targets, temperature, autocast);
+    let both = B::token_logp(h, w, &p.targets, temperature, pass.autocast, pass.logits_chunk);
     TokenOutputs {
         logp: both.clone().slice([0..n, 0..1]).reshape([n]),
         entropy: both.slice([0..n, 1..2]).reshape([n]),

@@ -1,21 +1,42 @@
 //! The operations of the training forward pass, as a trait each training backend implements: projections,
-//! RMSNorm, RoPE, SwiGLU, causal attention over packed sequences, and the output projection fused with the
-//! log-softmax, the target's log-probability and the entropy.
+//! RMSNorm, RoPE, SwiGLU, causal attention over packed sequences, the output projection fused with the
+//! log-softmax, the target's log-probability and the entropy, and whole decoder layers.
 //!
-//! The provided methods are plain burn tensor operations (differentiated by burn's autodiff; used on CUDA and
-//! by the `f64` gradient checks). The CPU backends override every one of them with kernels that read operands
-//! in place and, under autodiff, bring their own backward pass (`train/cpu.rs`): burn-ndarray copies every
-//! strided matmul operand and takes several allocating passes per elementwise chain, so a training step spent
-//! more time moving memory than multiplying.
+//! The provided methods are burn tensor operations (used on CUDA and by the `f64` gradient checks); attention
+//! and the output projection come from `train/chunked.rs`, in query blocks and chunks of rows, and under
+//! autodiff they are nodes of their own that keep one log-sum-exp per row instead of probabilities, so the
+//! memory a step keeps grows linearly with the sequence. The CPU backends override every operation with
+//! kernels that read operands in place and, under autodiff, bring their own backward pass (`train/cpu.rs`):
+//! burn-ndarray copies every strided matmul operand and takes several allocating passes per elementwise
+//! chain, so a training step spent more time moving memory than multiplying. Only the CPU's autodiff
+//! backend implements layer recompute ([`Kernels::RECOMPUTES_LAYERS`]).
 
 use std::sync::Arc;
 
+#[cfg(test)]
+use burn::tensor::Int;
+#[cfg(test)]
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Element, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Element, FloatDType, Tensor, TensorData};
 
+use crate::model::DecoderLayer;
+#[cfg(test)]
 use crate::model::MASKED;
+use crate::train::chunked;
 use crate::train::pack::Run;
+
+/// How one forward pass computes: bf16 products, the chunk sizes of the memory-bound operations, and
+/// whether decoder layers recompute their activations in the backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pass {
+    pub(crate) autocast: bool,
+    /// Rows of logits per chunk of the output projection.
+    pub(crate) logits_chunk: usize,
+    /// Query rows per attention block.
+    pub(crate) attention_block: usize,
+    pub(crate) recompute: bool,
+}
 
 /// The float type of backend `B`'s tensors. Backends on the same device share its default dtype (burn keys
 /// device settings by device), so training code names the element type explicitly: an `f64` backend used
@@ -48,6 +69,7 @@ pub(crate) fn mm<B: Backend, const D: usize>(
     }
 }
 
+#[cfg(test)]
 fn causal_bias<B: Backend>(n: usize, device: &B::Device) -> Tensor<B, 5> {
     let mut bias = vec![0.0f32; n * n];
     for q in 0..n {
@@ -60,6 +82,7 @@ fn causal_bias<B: Backend>(n: usize, device: &B::Device) -> Tensor<B, 5> {
 
 /// The rotary tables of one packed row: `cos` and `sin` per row, `head_dim` wide (the half-table twice), on
 /// the host and as `[rows, 1, head_dim]` tensors.
+#[derive(Clone, Debug)]
 pub(crate) struct RopeRows<B: Backend> {
     pub(crate) cos_host: Arc<Vec<f32>>,
     pub(crate) sin_host: Arc<Vec<f32>>,
@@ -86,6 +109,9 @@ impl<B: Backend> RopeRows<B> {
 
 /// The training forward pass's operations on one backend.
 pub(crate) trait Kernels: Backend {
+    /// Whether [`Kernels::decoder_layer`] honours [`Pass::recompute`].
+    const RECOMPUTES_LAYERS: bool = false;
+
     /// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`.
     fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, autocast: bool) -> Tensor<Self, 2> {
         mm(x, w.transpose(), autocast)
@@ -113,7 +139,8 @@ pub(crate) trait Kernels: Backend {
     }
 
     /// Causal attention within each sequence of a packed row: `q` `[rows, heads, d]` and `k`, `v`
-    /// `[rows, kv_heads, d]` (after RoPE), `runs` covering the rows; returns `[rows, heads * d]`.
+    /// `[rows, kv_heads, d]` (after RoPE), `runs` covering the rows, queries in blocks of `block` rows;
+    /// returns `[rows, heads * d]`.
     fn packed_attention(
         q: Tensor<Self, 3>,
         k: Tensor<Self, 3>,
@@ -121,77 +148,138 @@ pub(crate) trait Kernels: Backend {
         runs: &[Run],
         scale: f64,
         autocast: bool,
+        block: usize,
     ) -> Tensor<Self, 2> {
-        let [_, nh, d] = q.dims();
-        let nkv = k.dims()[1];
-        let groups = nh / nkv;
-        let device = q.device();
-        let mut outs = Vec::with_capacity(runs.len());
-        for run in runs {
-            let (c, n) = (run.count, run.len);
-            let span = run.start..run.start + c * n;
-            // Heads of one key/value group are adjacent, so grouped-query attention is a reshape.
-            let qs = q
-                .clone()
-                .slice([span.clone(), 0..nh, 0..d])
-                .reshape([c, n, nh, d])
-                .swap_dims(1, 2)
-                .reshape([c, nkv, groups * n, d]);
-            let ks = k
-                .clone()
-                .slice([span.clone(), 0..nkv, 0..d])
-                .reshape([c, n, nkv, d])
-                .swap_dims(1, 2);
-            let vs = v
-                .clone()
-                .slice([span, 0..nkv, 0..d])
-                .reshape([c, n, nkv, d])
-                .swap_dims(1, 2);
-            let scores = mm(qs, ks.swap_dims(2, 3), autocast) * scale;
-            let scores = scores.reshape([c, nkv, groups, n, n]) + causal_bias::<Self>(n, &device);
-            let probs = softmax(scores, 4).reshape([c, nkv, groups * n, n]);
-            let out = mm(probs, vs, autocast)
-                .reshape([c, nh, n, d])
-                .swap_dims(1, 2)
-                .reshape([c * n, nh * d]);
-            outs.push(out);
-        }
-        if outs.len() == 1 {
-            outs.pop().expect("one run")
-        } else {
-            Tensor::cat(outs, 0)
-        }
+        chunked::attention_forward(q, k, v, runs, scale, autocast, block).0
     }
 
     /// The output projection of hidden states `h` `[N, hidden]` with `w` `[vocab, hidden]`, divided by
-    /// `temperature`, then per row the log-probability of `targets[i]` and the entropy: `[N, 2]`.
+    /// `temperature`, then per row the log-probability of `targets[i]` and the entropy: `[N, 2]`, computed
+    /// `chunk` rows at a time.
     fn token_logp(
         h: Tensor<Self, 2>,
         w: Tensor<Self, 2>,
         targets: &[i64],
         temperature: f64,
         autocast: bool,
+        chunk: usize,
     ) -> Tensor<Self, 2> {
-        let n = targets.len();
-        let logits = Self::project(h, w, autocast);
-        let logits = if temperature == 1.0 {
-            logits
-        } else {
-            logits / temperature
-        };
-        let log_probs = log_softmax(logits, 1);
-        let device = log_probs.device();
-        let targets: Tensor<Self, 2, Int> =
-            Tensor::from_data(TensorData::new(targets.to_vec(), [n, 1]), &device);
-        let logp = log_probs.clone().gather(1, targets);
-        let entropy = (log_probs.clone().exp() * log_probs).sum_dim(1).neg();
-        Tensor::cat(vec![logp, entropy], 1)
+        chunked::logp_forward(h, w, targets, temperature, autocast, chunk).0
+    }
+
+    /// One decoder layer; with `recompute` (and autodiff) its activations are recomputed in the backward
+    /// pass instead of kept. Only the CPU backend overrides it.
+    fn decoder_layer(
+        x: Tensor<Self, 2>,
+        l: &DecoderLayer<Self>,
+        rows: &RopeRows<Self>,
+        runs: &[Run],
+        pass: Pass,
+    ) -> Tensor<Self, 2> {
+        crate::train::forward::layer(x, l, rows, runs, pass)
     }
 }
 
+/// Causal attention without blocks, the whole `n x n` score matrix per sequence under burn's autodiff: the
+/// reference the blocked kernels are checked against.
+#[cfg(test)]
+pub(crate) fn dense_attention<B: Backend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    runs: &[Run],
+    scale: f64,
+) -> Tensor<B, 2> {
+    let [_, nh, d] = q.dims();
+    let nkv = k.dims()[1];
+    let groups = nh / nkv;
+    let device = q.device();
+    let mut outs = Vec::with_capacity(runs.len());
+    for run in runs {
+        let (c, n) = (run.count, run.len);
+        let span = run.start..run.start + c * n;
+        let qs = q
+            .clone()
+            .slice([span.clone(), 0..nh, 0..d])
+            .reshape([c, n, nh, d])
+            .swap_dims(1, 2)
+            .reshape([c, nkv, groups * n, d]);
+        let ks = k
+            .clone()
+            .slice([span.clone(), 0..nkv, 0..d])
+            .reshape([c, n, nkv, d])
+            .swap_dims(1, 2);
+        let vs = v
+            .clone()
+            .slice([span, 0..nkv, 0..d])
+            .reshape([c, n, nkv, d])
+            .swap_dims(1, 2);
+        let scores = qs.matmul(ks.swap_dims(2, 3)) * scale;
+        let scores = scores.reshape([c, nkv, groups, n, n]) + causal_bias::<B>(n, &device);
+        let probs = softmax(scores, 4).reshape([c, nkv, groups * n, n]);
+        outs.push(
+            probs
+                .matmul(vs)
+                .reshape([c, nh, n, d])
+                .swap_dims(1, 2)
+                .reshape([c * n, nh * d]),
+        );
+    }
+    Tensor::cat(outs, 0)
+}
+
+/// The output projection, log-softmax, target log-probability and entropy over all rows at once under
+/// burn's autodiff: the reference the chunked kernels are checked against.
+#[cfg(test)]
+pub(crate) fn dense_token_logp<B: Backend>(
+    h: Tensor<B, 2>,
+    w: Tensor<B, 2>,
+    targets: &[i64],
+    temperature: f64,
+) -> Tensor<B, 2> {
+    let n = targets.len();
+    let logits = h.matmul(w.transpose()) / temperature;
+    let log_probs = log_softmax(logits, 1);
+    let device = log_probs.device();
+    let targets: Tensor<B, 2, Int> = Tensor::from_data(TensorData::new(targets.to_vec(), [n, 1]), &device);
+    let logp = log_probs.clone().gather(1, targets);
+    let entropy = (log_probs.clone().exp() * log_probs).sum_dim(1).neg();
+    Tensor::cat(vec![logp, entropy], 1)
+}
+
+/// The kernels of `Autodiff<$inner>`: the chunked operations as autodiff nodes of their own.
+macro_rules! autodiff_kernels {
+    ($inner:ty) => {
+        impl Kernels for burn_autodiff::Autodiff<$inner> {
+            fn packed_attention(
+                q: Tensor<Self, 3>,
+                k: Tensor<Self, 3>,
+                v: Tensor<Self, 3>,
+                runs: &[Run],
+                scale: f64,
+                autocast: bool,
+                block: usize,
+            ) -> Tensor<Self, 2> {
+                chunked::attention_autodiff::<$inner>(q, k, v, runs, scale, autocast, block)
+            }
+
+            fn token_logp(
+                h: Tensor<Self, 2>,
+                w: Tensor<Self, 2>,
+                targets: &[i64],
+                temperature: f64,
+                autocast: bool,
+                chunk: usize,
+            ) -> Tensor<Self, 2> {
+                chunked::logp_autodiff::<$inner>(h, w, targets, temperature, autocast, chunk)
+            }
+        }
+    };
+}
+
 impl Kernels for burn_ndarray::NdArray<f64> {}
-impl Kernels for burn_autodiff::Autodiff<burn_ndarray::NdArray<f64>> {}
+autodiff_kernels!(burn_ndarray::NdArray<f64>);
 #[cfg(feature = "cuda")]
 impl Kernels for crate::backend::Cuda {}
 #[cfg(feature = "cuda")]
-impl Kernels for crate::backend::CudaAutodiff {}
+autodiff_kernels!(crate::backend::Cuda);

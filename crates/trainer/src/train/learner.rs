@@ -19,9 +19,9 @@ use crate::model::CausalLm;
 use crate::optim::{AdamW, GradStore, host_scalar, host_vec};
 use crate::rope::RopeTable;
 use crate::train::batch::{RlBatch, SftBatch, normalized_advantages};
-use crate::train::config::TrainConfig;
+use crate::train::config::{MemoryConfig, TrainConfig};
 use crate::train::forward::token_logprobs;
-use crate::train::kernels::{Kernels, float_dtype};
+use crate::train::kernels::{Kernels, Pass, float_dtype};
 use crate::train::loss::{PpoConsts, behaviour_weight, kl_value, ppo_loss, sft_loss, token_weights};
 use crate::train::pack::{Packed, effective_len, pack, plan};
 use crate::train::stats::{RangeAcc, StepStats};
@@ -35,6 +35,7 @@ pub(crate) struct Learner<A: AutodiffBackend> {
     model_config: ModelConfig,
     rope: RopeTable,
     config: TrainConfig,
+    memory: MemoryConfig,
     autocast: bool,
     device: A::Device,
 }
@@ -181,6 +182,7 @@ where
             rope: RopeTable::new(model_config),
             model_config: model_config.clone(),
             config,
+            memory: MemoryConfig::default(),
             autocast,
             device: device.clone(),
         })
@@ -208,6 +210,31 @@ where
         self.optim.set_config(config.adamw.clone());
         self.config = config;
         Ok(())
+    }
+
+    pub(crate) fn memory(&self) -> MemoryConfig {
+        self.memory
+    }
+
+    pub(crate) fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
+        memory.validate()?;
+        if memory.recompute_layers && !A::RECOMPUTES_LAYERS {
+            return Err(Error::TrainConfig(
+                "memory.recompute_layers is only implemented on the cpu device".to_string(),
+            ));
+        }
+        self.memory = memory;
+        Ok(())
+    }
+
+    /// How this learner's forward passes compute.
+    fn pass(&self) -> Pass {
+        Pass {
+            autocast: self.autocast,
+            logits_chunk: self.memory.logits_chunk,
+            attention_block: self.memory.attention_block,
+            recompute: self.memory.recompute_layers,
+        }
     }
 
     pub(crate) fn steps(&self) -> u64 {
@@ -304,7 +331,7 @@ where
         let mut loss = 0.0;
         let high = cfg.eps_clip_higher.unwrap_or(cfg.eps_clip);
         for p in &packs {
-            let out = token_logprobs(model, &self.rope, p, cfg.temperature, self.autocast);
+            let out = token_logprobs(model, &self.rope, p, cfg.temperature, self.pass());
             let ent = if cfg.entropy_coeff > 0.0 {
                 out.entropy
             } else {
@@ -331,7 +358,7 @@ where
             };
             let ref_logp = match &self.reference {
                 Some(r) if cfg.kl_ctl > 0.0 => Some(host_vec(
-                    token_logprobs(r, &self.rope, p, cfg.temperature, self.autocast).logp,
+                    token_logprobs(r, &self.rope, p, cfg.temperature, self.pass()).logp,
                 )),
                 _ => None,
             };
@@ -395,7 +422,7 @@ where
         let mut store = GradStore::<A::InnerBackend>::default();
         let (mut loss, mut ent_sum, mut n) = (0.0, 0.0, 0usize);
         for p in &packs {
-            let out = token_logprobs(model, &self.rope, p, 1.0, self.autocast);
+            let out = token_logprobs(model, &self.rope, p, 1.0, self.pass());
             let ent = host_vec(out.entropy.detach());
             ent_sum += ent.iter().map(|&e| f64::from(e)).sum::<f64>();
             n += p.trained();
@@ -451,7 +478,7 @@ where
         let inner = self.model().valid();
         for order in plan(&lengths, self.config.max_tokens_per_mb) {
             let p = pack(&tokens, &mask_refs, &order);
-            let lp = host_vec(token_logprobs(&inner, &self.rope, &p, temperature, self.autocast).logp);
+            let lp = host_vec(token_logprobs(&inner, &self.rope, &p, temperature, self.pass()).logp);
             for (&(s, t), v) in p.origin.iter().zip(lp) {
                 out[s][t] = v;
             }

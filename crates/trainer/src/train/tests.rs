@@ -544,6 +544,249 @@ fn finite_differences_agree_with_the_gradient() {
     }
 }
 
+// ---------------------------------------------------------------- chunks and blocks
+
+/// Uniform values in `[-scale, scale)`.
+fn uniform(rng: &mut SplitMix64, n: usize, scale: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32)
+        .collect()
+}
+
+fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.into_data().convert::<f64>().into_vec::<f64>().unwrap()
+}
+
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
+fn assert_close(what: &str, a: &[f64], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-6);
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    assert!(worst <= tol * scale, "{what}: max diff {worst} (scale {scale})");
+}
+
+/// Values and input gradients of the output projection on `B` at temperature 0.9, under the upstream
+/// gradient `g`; `chunk` `None` is the whole computation of burn's autodiff.
+fn logp_case<B: burn::tensor::backend::AutodiffBackend + Kernels>(
+    (h, w, g): (&[f32], &[f32], &[f32]),
+    (n, hidden, vocab): (usize, usize, usize),
+    targets: &[i64],
+    chunk: Option<usize>,
+) -> [Vec<f64>; 3] {
+    let device = Default::default();
+    let ht = kernels::host_tensor::<B, 2>(h.to_vec(), [n, hidden], &device).require_grad();
+    let wt = kernels::host_tensor::<B, 2>(w.to_vec(), [vocab, hidden], &device).require_grad();
+    let out = match chunk {
+        Some(c) => B::token_logp(ht.clone(), wt.clone(), targets, 0.9, false, c),
+        None => kernels::dense_token_logp(ht.clone(), wt.clone(), targets, 0.9),
+    };
+    let gt = kernels::host_tensor::<B, 2>(g.to_vec(), [n, 2], &device);
+    let grads = (out.clone() * gt).sum().backward();
+    [
+        host(out.detach()),
+        host(ht.grad(&grads).unwrap()),
+        host(wt.grad(&grads).unwrap()),
+    ]
+}
+
+#[test]
+fn the_chunked_output_projection_matches_the_whole_computation() {
+    let (n, hidden, vocab) = (11, 8, 13);
+    let mut rng = SplitMix64::new(41);
+    let h = uniform(&mut rng, n * hidden, 1.5);
+    let w = uniform(&mut rng, vocab * hidden, 1.5);
+    let g = uniform(&mut rng, n * 2, 1.0);
+    let targets: Vec<i64> = (0..n).map(|i| ((i * 5 + 3) % vocab) as i64).collect();
+    let inputs = (&h[..], &w[..], &g[..]);
+    let dims = (n, hidden, vocab);
+    let whole = logp_case::<F64>(inputs, dims, &targets, None);
+    // Chunks of 4 rows: three chunks, the last one ragged; one chunk holds rows of several sequences as the
+    // trained rows of a packed row do. Then one chunk of everything.
+    for chunk in [4, 1, usize::MAX] {
+        let f64 = logp_case::<F64>(inputs, dims, &targets, Some(chunk));
+        let cpu = logp_case::<CpuAutodiff>(inputs, dims, &targets, Some(chunk));
+        // burn's differentiation of its log-softmax agrees with the closed form to 3e-8 only, in f64.
+        for (i, (what, tol)) in [("values", 1e-12), ("dh", 1e-6), ("dw", 1e-6)].iter().enumerate() {
+            assert_close(&format!("f64 chunk {chunk} {what}"), &f64[i], &whole[i], *tol);
+            assert_close(&format!("cpu chunk {chunk} {what}"), &cpu[i], &whole[i], 2e-5);
+        }
+    }
+}
+
+/// Values and input gradients of attention over the packed `runs` on `B`; `block` `None` is the whole
+/// `n x n` computation under burn's autodiff.
+fn attention_case<B: burn::tensor::backend::AutodiffBackend + Kernels>(
+    (q, k, v, g): (&[f32], &[f32], &[f32], &[f32]),
+    (rows, nh, nkv, d): (usize, usize, usize, usize),
+    runs: &[pack::Run],
+    block: Option<usize>,
+) -> [Vec<f64>; 4] {
+    let device = Default::default();
+    let qt = kernels::host_tensor::<B, 3>(q.to_vec(), [rows, nh, d], &device).require_grad();
+    let kt = kernels::host_tensor::<B, 3>(k.to_vec(), [rows, nkv, d], &device).require_grad();
+    let vt = kernels::host_tensor::<B, 3>(v.to_vec(), [rows, nkv, d], &device).require_grad();
+    let scale = 1.0 / (d as f64).sqrt();
+    let out = match block {
+        Some(b) => B::packed_attention(qt.clone(), kt.clone(), vt.clone(), runs, scale, false, b),
+        None => kernels::dense_attention(qt.clone(), kt.clone(), vt.clone(), runs, scale),
+    };
+    let gt = kernels::host_tensor::<B, 2>(g.to_vec(), [rows, nh * d], &device);
+    let grads = (out.clone() * gt).sum().backward();
+    [
+        host(out.detach()),
+        host(qt.grad(&grads).unwrap()),
+        host(kt.grad(&grads).unwrap()),
+        host(vt.grad(&grads).unwrap()),
+    ]
+}
+
+#[test]
+fn blocked_attention_matches_the_whole_computation() {
+    // Two sequences of 7 tokens side by side in one run, then one of 5 and one of 3; four query heads share
+    // two key/value heads.
+    let runs = vec![
+        pack::Run {
+            start: 0,
+            len: 7,
+            count: 2,
+        },
+        pack::Run {
+            start: 14,
+            len: 5,
+            count: 1,
+        },
+        pack::Run {
+            start: 19,
+            len: 3,
+            count: 1,
+        },
+    ];
+    let (rows, nh, nkv, d) = (22, 4, 2, 6);
+    let mut rng = SplitMix64::new(43);
+    let q = uniform(&mut rng, rows * nh * d, 1.5);
+    let k = uniform(&mut rng, rows * nkv * d, 1.5);
+    let v = uniform(&mut rng, rows * nkv * d, 1.0);
+    let g = uniform(&mut rng, rows * nh * d, 1.0);
+    let inputs = (&q[..], &k[..], &v[..], &g[..]);
+    let dims = (rows, nh, nkv, d);
+    let whole = attention_case::<F64>(inputs, dims, &runs, None);
+    // Blocks of 3 rows: a 7-token sequence takes three blocks, the last one ragged; blocks of 1 and 2; then
+    // one block per sequence.
+    for block in [3, 1, 2, usize::MAX] {
+        let f64 = attention_case::<F64>(inputs, dims, &runs, Some(block));
+        let cpu = attention_case::<CpuAutodiff>(inputs, dims, &runs, Some(block));
+        for (i, what) in ["values", "dq", "dk", "dv"].iter().enumerate() {
+            assert_close(&format!("f64 block {block} {what}"), &f64[i], &whole[i], 1e-12);
+            assert_close(&format!("cpu block {block} {what}"), &cpu[i], &whole[i], 2e-5);
+        }
+    }
+}
+
+/// Loss and every gradient of one GRPO step's micro-batches with `memory`.
+fn step_with<A: burn::tensor::backend::AutodiffBackend + Kernels>(
+    c: &ModelConfig,
+    w: &Weights,
+    batch: &RlBatch,
+    memory: MemoryConfig,
+) -> (f64, BTreeMap<String, Vec<f64>>)
+where
+    A::InnerBackend: Kernels,
+{
+    let mut learner = Learner::<A>::new(c, w, full_config(), &Default::default(), false).unwrap();
+    learner.set_memory(memory).unwrap();
+    learner.restore(&moved(c, w), &BTreeMap::new(), 0).unwrap();
+    let (loss, store, ..) = learner.grpo_gradients(batch).unwrap();
+    let names: Vec<String> = w.names().map(String::from).collect();
+    (loss, grads_of(&store, &names))
+}
+
+#[test]
+fn chunks_blocks_and_layer_recompute_leave_the_step_unchanged() {
+    for arch in ARCHS {
+        let c = tiny_config(arch);
+        let w = tiny_weights(&c, 17);
+        // Packed rows of several sequences (a budget of 20 tokens): logits chunks of 5 rows straddle
+        // sequence boundaries, attention blocks of 3 rows split every sequence, with a ragged last block.
+        let batch = random_batch(6, c.vocab_size, &[(9, 3), (7, 2), (9, 5), (14, 4)]);
+        let small = MemoryConfig {
+            logits_chunk: 5,
+            attention_block: 3,
+            recompute_layers: false,
+        };
+        let recompute = MemoryConfig {
+            recompute_layers: true,
+            ..small
+        };
+        let (loss, grads) = step_with::<F64>(&c, &w, &batch, MemoryConfig::unchunked());
+        let (loss_f64, grads_f64) = step_with::<F64>(&c, &w, &batch, small);
+        assert!(
+            (loss - loss_f64).abs() < 1e-12,
+            "{arch:?}: f64 loss {loss_f64} vs {loss}"
+        );
+        for (n, g) in &grads {
+            assert_close(&format!("{arch:?} f64 chunked {n}"), &grads_f64[n], g, 1e-10);
+        }
+        let (cpu_loss, cpu_grads) = step_with::<CpuAutodiff>(&c, &w, &batch, MemoryConfig::unchunked());
+        for memory in [small, recompute] {
+            let (l, g) = step_with::<CpuAutodiff>(&c, &w, &batch, memory);
+            assert!(
+                (l - loss).abs() < 1e-5 * (1.0 + loss.abs()),
+                "{arch:?} {memory:?}: loss {l} vs {loss}"
+            );
+            assert!(
+                (l - cpu_loss).abs() < 1e-5,
+                "{arch:?} {memory:?}: loss {l} vs {cpu_loss}"
+            );
+            assert_eq!(
+                g.len(),
+                w.len(),
+                "{arch:?} {memory:?}: every parameter gets a gradient"
+            );
+            for (n, want) in &grads {
+                assert_close(&format!("{arch:?} {memory:?} {n} vs f64"), &g[n], want, 1e-3);
+                assert_close(
+                    &format!("{arch:?} {memory:?} {n} vs cpu"),
+                    &g[n],
+                    &cpu_grads[n],
+                    1e-4,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn memory_settings_are_checked() {
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 1);
+    let mut f64 = Learner::<F64>::new(&c, &w, TrainConfig::default(), &Default::default(), false).unwrap();
+    let err = f64
+        .set_memory(MemoryConfig {
+            recompute_layers: true,
+            ..MemoryConfig::default()
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("recompute_layers is only implemented on the cpu"),
+        "{err}"
+    );
+    let err = f64
+        .set_memory(MemoryConfig {
+            logits_chunk: 0,
+            attention_block: 0,
+            recompute_layers: false,
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("memory.logits_chunk must be >= 1, got 0"), "{err}");
+    assert!(
+        err.contains("memory.attention_block must be >= 1, got 0"),
+        "{err}"
+    );
+    assert_eq!(f64.memory(), MemoryConfig::default());
+}
+
 // ---------------------------------------------------------------- whole steps
 
 fn cpu_learner(arch: Architecture, config: TrainConfig) -> (ModelConfig, Weights, Learner<CpuAutodiff>) {

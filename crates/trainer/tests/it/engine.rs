@@ -211,6 +211,9 @@ fn a_weight_swap_lands_between_steps_without_dropping_sequences() -> Result<()> 
     let c = config();
     let policy = policy(5)?;
     assert_eq!(policy.version(), 0);
+    // The prefill gives the first token and four decode steps the next four; then the engine holds, so
+    // the swap lands after exactly five tokens however fast the engine runs.
+    policy.limit_decode_steps(Some(4))?;
     let mut stream = policy.submit(request(&[7, 7, 7], SamplingParams::greedy(), 40))?;
     let mut versions = Vec::new();
     for _ in 0..5 {
@@ -219,22 +222,17 @@ fn a_weight_swap_lands_between_steps_without_dropping_sequences() -> Result<()> 
             other => panic!("expected a token, got {other:?}"),
         }
     }
+    assert_eq!(policy.in_flight(), 1, "the held sequence is still in flight");
     let installed = policy.swap_weights(weights(&c, 6), 1)?.wait()?;
     assert_eq!(installed, 1);
     assert_eq!(policy.version(), 1);
+    policy.limit_decode_steps(None)?;
     let rest = stream.collect_blocking()?;
     versions.extend(rest.versions);
     assert_eq!(versions.len(), 40, "the in-flight sequence was cut short");
     assert_eq!(rest.finish_reason, Some(FinishReason::Length));
-    let switch = versions
-        .iter()
-        .position(|&v| v == 1)
-        .expect("later tokens carry the new version");
-    assert!(
-        switch >= 5
-            && versions[..switch].iter().all(|&v| v == 0)
-            && versions[switch..].iter().all(|&v| v == 1)
-    );
+    assert_eq!(versions[..5], [0; 5], "tokens before the swap");
+    assert_eq!(versions[5..], [1; 35], "tokens after the swap");
 
     // New sequences use the new weights: same tokens as a policy started on them.
     let fresh = Policy::from_weights(c.clone(), &weights(&c, 6), PolicyOptions::default())?;

@@ -350,132 +350,185 @@ pub(crate) fn swiglu_backward(
     (dg, du)
 }
 
-/// What the fused output projection keeps for its backward pass.
+/// What the fused output projection keeps for its backward pass: two numbers per row, never the
+/// `[N, vocab]` probabilities, which the backward pass recomputes chunk by chunk.
 #[derive(Debug)]
 pub(crate) struct LogitsSaved {
-    /// Softmax probabilities `[N, vocab]`.
-    pub(crate) probs: Array2<f32>,
+    /// `log sum_j exp(z_j)` of each row's tempered logits.
+    pub(crate) lse: Vec<f32>,
     /// Entropy of each row.
     pub(crate) entropy: Vec<f32>,
     pub(crate) targets: Vec<usize>,
     pub(crate) inv_temperature: f32,
+    /// Rows per chunk.
+    pub(crate) chunk: usize,
 }
 
-/// `logits = h W^T / T`, then per row `[log p(target), entropy]`; keeps the probabilities when `keep`.
+/// The row ranges of `n` rows in chunks of `chunk` (the last one ragged).
+fn chunk_ranges(n: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let chunk = chunk.max(1);
+    (0..n.div_ceil(chunk)).map(move |c| c * chunk..((c + 1) * chunk).min(n))
+}
+
+/// `logits = h W^T / T`, then per row `[log p(target), entropy]`, computed `chunk` rows at a time so that
+/// only one chunk's logits exist at once; keeps each row's log-sum-exp and entropy when `keep`.
 pub(crate) fn logits_forward(
     h: ArrayView2<'_, f32>,
     w: ArrayView2<'_, f32>,
     targets: &[usize],
     inv_temperature: f32,
+    chunk: usize,
     keep: bool,
 ) -> (Array2<f32>, Option<LogitsSaved>) {
-    let mut z = matmul(h, w.t(), inv_temperature);
-    let vocab = z.ncols();
-    let n = z.nrows();
+    let n = h.nrows();
+    let vocab = w.nrows();
     let mut out = Array2::<f32>::zeros((n, 2));
-    let stats: Vec<(f32, f32)> = {
-        let slice = z.as_slice_mut().expect("fresh arrays are contiguous");
+    let mut lse_all = Vec::with_capacity(n);
+    let mut z = Array2::<f32>::zeros((chunk.clamp(1, n.max(1)), vocab));
+    for range in chunk_ranges(n, chunk) {
+        let rows = range.len();
+        let mut zc = z.slice_mut(s![..rows, ..]);
+        gemm_into(
+            zc.view_mut(),
+            h.slice(s![range.clone(), ..]),
+            w.t(),
+            inv_temperature,
+            false,
+        );
+        let slice = zc
+            .as_slice_mut()
+            .expect("leading rows of a fresh array are contiguous");
+        let targets = &targets[range.clone()];
         let per_row = |(i, row): (usize, &mut [f32])| {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let target = row[targets[i]];
-            let zdot_unnorm = {
-                // e_j = exp(z_j - max), kept in place; sum e_j and sum e_j z_j for the entropy.
-                let mut ez = [0.0f32; 8];
-                let mut chunks = row.chunks_exact_mut(8);
-                for c in &mut chunks {
-                    for (a, v) in ez.iter_mut().zip(c.iter_mut()) {
-                        let e = fast_exp(*v - max);
-                        *a += e * *v;
-                        *v = e;
-                    }
-                }
-                let mut tail = 0.0;
-                for v in chunks.into_remainder() {
-                    let e = fast_exp(*v - max);
-                    tail += e * *v;
-                    *v = e;
-                }
-                ez.iter().sum::<f32>() + tail
-            };
-            let total = sum(row);
+            // sum_j e_j and sum_j e_j z_j with e_j = exp(z_j - max), for the log-sum-exp and the entropy.
+            let (total, zdot) = exp_sums(row, max);
             let lse = max + total.ln();
-            let inv = 1.0 / total;
-            row.iter_mut().for_each(|v| *v *= inv);
-            (target - lse, lse - zdot_unnorm * inv)
+            (target - lse, lse - zdot / total, lse)
         };
-        if n * vocab >= PARALLEL_ELEMENTS {
+        let stats: Vec<(f32, f32, f32)> = if rows * vocab >= PARALLEL_ELEMENTS {
             slice.par_chunks_mut(vocab).enumerate().map(per_row).collect()
         } else {
             slice.chunks_mut(vocab).enumerate().map(per_row).collect()
+        };
+        for (i, (logp, ent, lse)) in stats.into_iter().enumerate() {
+            out[[range.start + i, 0]] = logp;
+            out[[range.start + i, 1]] = ent;
+            lse_all.push(lse);
         }
-    };
-    for (i, (logp, ent)) in stats.iter().enumerate() {
-        out[[i, 0]] = *logp;
-        out[[i, 1]] = *ent;
     }
     let saved = keep.then(|| LogitsSaved {
-        probs: z,
-        entropy: stats.iter().map(|s| s.1).collect(),
+        lse: lse_all,
+        entropy: out.column(1).to_vec(),
         targets: targets.to_vec(),
         inv_temperature,
+        chunk,
     });
     (out, saved)
 }
 
+simd_fn! {
+    /// `(sum_j exp(z_j - max), sum_j exp(z_j - max) z_j)` over a row, with eight accumulators each.
+    fn exp_sums(row: &[f32], max: f32) -> (f32, f32) {
+        let mut e8 = [0.0f32; 8];
+        let mut ez8 = [0.0f32; 8];
+        let chunks = row.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for j in 0..8 {
+                let e = fast_exp(c[j] - max);
+                e8[j] += e;
+                ez8[j] += e * c[j];
+            }
+        }
+        let (mut e, mut ez) = (0.0, 0.0);
+        for &v in rest {
+            let x = fast_exp(v - max);
+            e += x;
+            ez += x * v;
+        }
+        (e8.iter().sum::<f32>() + e, ez8.iter().sum::<f32>() + ez)
+    }
+}
+
+simd_fn! {
+    /// The logits' gradient of one row, in place over the row's logits `z`:
+    /// `(a ([j = t] - p_j) - b p_j (log p_j + H)) / T` with `p_j = exp(z_j - lse)`.
+    fn logits_grad_row(row: &mut [f32], lse: f32, a: f32, b: f32, entropy: f32, inv_temperature: f32) {
+        if b == 0.0 {
+            let c = -a * inv_temperature;
+            for z in row.iter_mut() {
+                *z = c * fast_exp(*z - lse);
+            }
+        } else {
+            for z in row.iter_mut() {
+                let lp = *z - lse;
+                let p = fast_exp(lp);
+                *z = (-a * p - b * p * (lp + entropy)) * inv_temperature;
+            }
+        }
+    }
+}
+
 /// The backward pass of [`logits_forward`] from the gradient `[N, 2]` of `[logp, entropy]`: `(dh, dw)`.
-/// Consumes the saved probabilities (they become the logits' gradient).
+/// Each chunk's logits are recomputed from `h` and `w`, turned into their gradient in place and multiplied
+/// out, so the backward pass too holds one chunk of logits at a time.
 pub(crate) fn logits_backward(
     grad: ArrayView2<'_, f32>,
     h: ArrayView2<'_, f32>,
     w: ArrayView2<'_, f32>,
-    saved: LogitsSaved,
+    saved: &LogitsSaved,
 ) -> (Array2<f32>, Array2<f32>) {
-    let LogitsSaved {
-        probs: mut dz,
-        entropy,
-        targets,
-        inv_temperature,
-    } = saved;
-    let vocab = dz.ncols();
-    let gl: Vec<f32> = grad.column(0).to_vec();
-    let gh: Vec<f32> = grad.column(1).to_vec();
-    rows_mut(&mut dz, |i, row| {
-        // d logp / dz_j = [j = t] - p_j;  d H / dz_j = -p_j (log p_j + H).
-        let (a, b) = (gl[i], gh[i]);
-        if b == 0.0 {
-            row.iter_mut().for_each(|p| *p *= -a * inv_temperature);
+    let n = h.nrows();
+    let vocab = w.nrows();
+    let inv_t = saved.inv_temperature;
+    let mut dh = Array2::<f32>::zeros((n, h.ncols()));
+    let mut dw = Array2::<f32>::zeros((vocab, h.ncols()));
+    let mut z = Array2::<f32>::zeros((saved.chunk.clamp(1, n.max(1)), vocab));
+    for (c, range) in chunk_ranges(n, saved.chunk).enumerate() {
+        let rows = range.len();
+        let mut zc = z.slice_mut(s![..rows, ..]);
+        let hc = h.slice(s![range.clone(), ..]);
+        gemm_into(zc.view_mut(), hc, w.t(), inv_t, false);
+        let slice = zc
+            .as_slice_mut()
+            .expect("leading rows of a fresh array are contiguous");
+        let start = range.start;
+        let per_row = |(i, row): (usize, &mut [f32])| {
+            let r = start + i;
+            let a = grad[[r, 0]];
+            logits_grad_row(row, saved.lse[r], a, grad[[r, 1]], saved.entropy[r], inv_t);
+            row[saved.targets[r]] += a * inv_t;
+        };
+        if rows * vocab >= PARALLEL_ELEMENTS {
+            slice.par_chunks_mut(vocab).enumerate().for_each(per_row);
         } else {
-            let hrow = entropy[i];
-            for p in row.iter_mut() {
-                let lp = if *p > 0.0 { p.ln() } else { 0.0 };
-                *p = (-a * *p - b * *p * (lp + hrow)) * inv_temperature;
-            }
+            slice.chunks_mut(vocab).enumerate().for_each(per_row);
         }
-        row[targets[i]] += a * inv_temperature;
-    });
-    debug_assert_eq!(dz.ncols(), vocab);
-    let dh = matmul(dz.view(), w, 1.0);
-    let dw = matmul(dz.t(), h, 1.0);
+        gemm_into(dh.slice_mut(s![range, ..]), zc.view(), w, 1.0, false);
+        gemm_into(dw.view_mut(), zc.t(), hc, 1.0, c > 0);
+    }
     (dh, dw)
 }
 
-/// One `(sequence, key/value head)` block of attention: `start..start + len` rows, kv head `g`.
+/// One `(sequence, query head)` task of attention: rows `start..start + len`, query head `h`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Block {
+pub(crate) struct Task {
     start: usize,
     len: usize,
-    g: usize,
+    h: usize,
 }
 
-fn blocks(runs: &[Run], kv_heads: usize) -> Vec<Block> {
+fn tasks(runs: &[Run], heads: usize) -> Vec<Task> {
     let mut out = Vec::new();
     for run in runs {
         for i in 0..run.count {
-            for g in 0..kv_heads {
-                out.push(Block {
+            for h in 0..heads {
+                out.push(Task {
                     start: run.start + i * run.len,
                     len: run.len,
-                    g,
+                    h,
                 });
             }
         }
@@ -483,29 +536,20 @@ fn blocks(runs: &[Run], kv_heads: usize) -> Vec<Block> {
     out
 }
 
-/// In place: each row `i` becomes the softmax of its first `i + 1` entries, later entries 0.
-fn causal_softmax(p: &mut Array2<f32>) {
-    for (i, mut row) in p.rows_mut().into_iter().enumerate() {
-        let row = row.as_slice_mut().expect("rows of a fresh array are contiguous");
-        let (live, dead) = row.split_at_mut(i + 1);
-        let max = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        live.iter_mut().for_each(|x| *x = fast_exp(*x - max));
-        let inv = 1.0 / sum(live);
-        live.iter_mut().for_each(|x| *x *= inv);
-        dead.fill(0.0);
-    }
-}
-
-/// What the attention forward pass keeps for its backward pass: the probabilities of each block's heads.
+/// What the attention forward pass keeps for its backward pass: the log-sum-exp of every row's scores per
+/// head (`[rows * heads]`, row-major), from which the backward pass recomputes the probabilities block by
+/// block; no `T x T` state survives the forward pass.
 #[derive(Debug)]
 pub(crate) struct AttnSaved {
-    blocks: Vec<Block>,
-    probs: Vec<Vec<Array2<f32>>>,
+    tasks: Vec<Task>,
+    /// Per task: the log-sum-exp of each of its rows.
+    lse: Vec<Vec<f32>>,
     scale: f32,
+    block: usize,
 }
 
-/// `f(i)` for every block index, in parallel when there is enough work.
-fn run_blocks<T: Send>(n: usize, work: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+/// `f(i)` for every task index, in parallel when there is enough work.
+fn run_tasks<T: Send>(n: usize, work: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
     if work >= PARALLEL_WORK {
         (0..n).into_par_iter().map(f).collect()
     } else {
@@ -513,59 +557,92 @@ fn run_blocks<T: Send>(n: usize, work: usize, f: impl Fn(usize) -> T + Sync + Se
     }
 }
 
-/// Attention forward: returns `[rows, heads * d]` and, when `keep`, the probabilities.
+/// In place over the scores `[rows, keys]` of query rows `r0..r0 + rows` of a sequence: each row `i`
+/// becomes the softmax of its causal part `0..=r0 + i` (later entries 0); returns each row's log-sum-exp.
+fn causal_softmax(p: &mut Array2<f32>, r0: usize) -> Vec<f32> {
+    let mut lse = Vec::with_capacity(p.nrows());
+    for (i, mut row) in p.rows_mut().into_iter().enumerate() {
+        let row = row.as_slice_mut().expect("rows of a fresh array are contiguous");
+        let (live, dead) = row.split_at_mut(r0 + i + 1);
+        let max = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        live.iter_mut().for_each(|x| *x = fast_exp(*x - max));
+        let total = sum(live);
+        let inv = 1.0 / total;
+        live.iter_mut().for_each(|x| *x *= inv);
+        dead.fill(0.0);
+        lse.push(max + total.ln());
+    }
+    lse
+}
+
+/// The probabilities of query rows `r0..r0 + rows` again, from the scores and the saved log-sum-exp.
+fn causal_probs(p: &mut Array2<f32>, r0: usize, lse: &[f32]) {
+    for (i, mut row) in p.rows_mut().into_iter().enumerate() {
+        let row = row.as_slice_mut().expect("rows of a fresh array are contiguous");
+        let (live, dead) = row.split_at_mut(r0 + i + 1);
+        let l = lse[i];
+        live.iter_mut().for_each(|x| *x = fast_exp(*x - l));
+        dead.fill(0.0);
+    }
+}
+
+/// The query blocks of a sequence of `len` rows: `(r0, r1)`, the last one ragged.
+fn query_blocks(len: usize, block: usize) -> impl Iterator<Item = (usize, usize)> {
+    chunk_ranges(len, block).map(|r| (r.start, r.end))
+}
+
+/// Attention forward, flash-attention style: each sequence's queries in blocks of `block` rows, each block
+/// multiplied only by the keys its causal mask allows; returns `[rows, heads * d]` and, when `keep`, the
+/// per-row log-sum-exp. Only one block's scores exist at a time per thread.
 pub(crate) fn attention_forward(
     q: ArrayView3<'_, f32>,
     k: ArrayView3<'_, f32>,
     v: ArrayView3<'_, f32>,
     runs: &[Run],
     scale: f32,
+    block: usize,
     keep: bool,
 ) -> (Array2<f32>, Option<AttnSaved>) {
     let (rows, nh, d) = q.dim();
     let nkv = k.dim().1;
     let groups = nh / nkv;
-    let blocks = blocks(runs, nkv);
+    let tasks = tasks(runs, nh);
     let work: usize = runs.iter().map(|r| r.count * r.len * r.len * d * nh).sum();
-    let results = run_blocks(blocks.len(), work, |i| {
-        let b = &blocks[i];
-        let span = b.start..b.start + b.len;
-        let kg = k.slice(s![span.clone(), b.g, ..]);
-        let vg = v.slice(s![span.clone(), b.g, ..]);
-        let mut probs = Vec::with_capacity(groups);
-        let mut outs = Vec::with_capacity(groups);
-        for j in 0..groups {
-            let qh = q.slice(s![span.clone(), b.g * groups + j, ..]);
-            let mut p = matmul(qh, kg.t(), scale);
-            causal_softmax(&mut p);
-            outs.push(matmul(p.view(), vg, 1.0));
-            if keep {
-                probs.push(p);
-            }
+    let results = run_tasks(tasks.len(), work, |i| {
+        let t = tasks[i];
+        let g = t.h / groups;
+        let mut out = Array2::<f32>::zeros((t.len, d));
+        let mut lse = Vec::with_capacity(t.len);
+        for (r0, r1) in query_blocks(t.len, block) {
+            let qb = q.slice(s![t.start + r0..t.start + r1, t.h, ..]);
+            let kb = k.slice(s![t.start..t.start + r1, g, ..]);
+            let vb = v.slice(s![t.start..t.start + r1, g, ..]);
+            let mut p = matmul(qb, kb.t(), scale);
+            lse.extend(causal_softmax(&mut p, r0));
+            gemm_into(out.slice_mut(s![r0..r1, ..]), p.view(), vb, 1.0, false);
         }
-        (probs, outs)
+        (out, lse)
     });
     let mut out = Array2::<f32>::zeros((rows, nh * d));
-    let mut kept = Vec::with_capacity(if keep { blocks.len() } else { 0 });
-    for (b, (probs, outs)) in blocks.iter().zip(results) {
-        for (j, o) in outs.iter().enumerate() {
-            let h = b.g * groups + j;
-            out.slice_mut(s![b.start..b.start + b.len, h * d..(h + 1) * d])
-                .assign(o);
-        }
+    let mut kept = Vec::with_capacity(if keep { tasks.len() } else { 0 });
+    for (t, (o, lse)) in tasks.iter().zip(results) {
+        out.slice_mut(s![t.start..t.start + t.len, t.h * d..(t.h + 1) * d])
+            .assign(&o);
         if keep {
-            kept.push(probs);
+            kept.push(lse);
         }
     }
-    let saved = keep.then(|| AttnSaved {
-        blocks,
-        probs: kept,
+    let saved = keep.then_some(AttnSaved {
+        tasks,
+        lse: kept,
         scale,
+        block,
     });
     (out, saved)
 }
 
-/// Attention backward: gradients of `q`, `k` and `v` from the output's gradient `[rows, heads * d]`.
+/// Attention backward: gradients of `q`, `k` and `v` from the output's gradient `[rows, heads * d]`,
+/// recomputing each query block's probabilities from the saved log-sum-exp.
 pub(crate) fn attention_backward(
     dout: ArrayView2<'_, f32>,
     q: ArrayView3<'_, f32>,
@@ -582,47 +659,52 @@ pub(crate) fn attention_backward(
         .view()
         .into_shape_with_order((rows, nh, d))
         .expect("the output gradient is [rows, heads * d]");
-    let blocks = &saved.blocks;
-    let work: usize = blocks.iter().map(|b| b.len * b.len * d * groups).sum();
-    let results = run_blocks(blocks.len(), work, |i| {
-        let b = &blocks[i];
-        let span = b.start..b.start + b.len;
-        let kg = k.slice(s![span.clone(), b.g, ..]);
-        let vg = v.slice(s![span.clone(), b.g, ..]);
-        let mut dk = Array2::<f32>::zeros((b.len, d));
-        let mut dv = Array2::<f32>::zeros((b.len, d));
-        let mut dqs = Vec::with_capacity(groups);
-        for (j, p) in saved.probs[i].iter().enumerate() {
-            let h = b.g * groups + j;
-            let qh = q.slice(s![span.clone(), h, ..]);
-            let doh = dout.slice(s![span.clone(), h, ..]);
-            gemm_into(dv.view_mut(), p.t(), doh, 1.0, true);
+    let tasks = &saved.tasks;
+    let work: usize = tasks.iter().map(|t| t.len * t.len * d).sum();
+    let results = run_tasks(tasks.len(), work, |i| {
+        let t = tasks[i];
+        let g = t.h / groups;
+        let lse = &saved.lse[i];
+        let mut dq = Array2::<f32>::zeros((t.len, d));
+        let mut dk = Array2::<f32>::zeros((t.len, d));
+        let mut dv = Array2::<f32>::zeros((t.len, d));
+        for (r0, r1) in query_blocks(t.len, saved.block) {
+            let qb = q.slice(s![t.start + r0..t.start + r1, t.h, ..]);
+            let dob = dout.slice(s![t.start + r0..t.start + r1, t.h, ..]);
+            let kb = k.slice(s![t.start..t.start + r1, g, ..]);
+            let vb = v.slice(s![t.start..t.start + r1, g, ..]);
+            let mut p = matmul(qb, kb.t(), scale);
+            causal_probs(&mut p, r0, &lse[r0..r1]);
+            gemm_into(dv.slice_mut(s![..r1, ..]), p.t(), dob, 1.0, true);
             // dS = P (dP - rowsum(P dP)), with dP = dO V^T; only the causal part is non-zero.
-            let mut ds = matmul(doh, vg.t(), 1.0);
+            let mut ds = matmul(dob, vb.t(), 1.0);
             for (r, (mut ds_row, p_row)) in ds.axis_iter_mut(Axis(0)).zip(p.axis_iter(Axis(0))).enumerate() {
+                let live_len = r0 + r + 1;
                 let ds_row = ds_row.as_slice_mut().expect("fresh arrays are contiguous");
                 let p_row = p_row.to_slice().expect("fresh arrays are contiguous");
-                let live = dot(&ds_row[..=r], &p_row[..=r]);
-                Zip::from(&mut ds_row[..=r])
-                    .and(&p_row[..=r])
+                let live = dot(&ds_row[..live_len], &p_row[..live_len]);
+                Zip::from(&mut ds_row[..live_len])
+                    .and(&p_row[..live_len])
                     .for_each(|x, &pv| *x = pv * (*x - live));
-                ds_row[r + 1..].fill(0.0);
+                ds_row[live_len..].fill(0.0);
             }
-            dqs.push(matmul(ds.view(), kg, scale));
-            gemm_into(dk.view_mut(), ds.t(), qh, scale, true);
+            gemm_into(dq.slice_mut(s![r0..r1, ..]), ds.view(), kb, scale, false);
+            gemm_into(dk.slice_mut(s![..r1, ..]), ds.t(), qb, scale, true);
         }
-        (dqs, dk, dv)
+        (dq, dk, dv)
     });
     let mut dq = Array3::<f32>::zeros((rows, nh, d));
     let mut dk = Array3::<f32>::zeros((rows, nkv, d));
     let mut dv = Array3::<f32>::zeros((rows, nkv, d));
-    for (b, (dqs, dkb, dvb)) in blocks.iter().zip(results) {
-        let span = b.start..b.start + b.len;
-        for (j, dqh) in dqs.iter().enumerate() {
-            dq.slice_mut(s![span.clone(), b.g * groups + j, ..]).assign(dqh);
-        }
-        dk.slice_mut(s![span.clone(), b.g, ..]).assign(&dkb);
-        dv.slice_mut(s![span, b.g, ..]).assign(&dvb);
+    for (t, (dqt, dkt, dvt)) in tasks.iter().zip(results) {
+        let span = t.start..t.start + t.len;
+        let g = t.h / groups;
+        dq.slice_mut(s![span.clone(), t.h, ..]).assign(&dqt);
+        // The heads of one key/value group add their gradients, in head order.
+        let mut dkg = dk.slice_mut(s![span.clone(), g, ..]);
+        dkg += &dkt;
+        let mut dvg = dv.slice_mut(s![span, g, ..]);
+        dvg += &dvt;
     }
     (dq, dk, dv)
 }
