@@ -13,7 +13,7 @@ use rollout_proxy::{
     EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
     WeightUpdate,
 };
-use trainer::{GenerationEvent, GenerationRequest, Policy, PolicyOptions, Weights};
+use trainer::{DeviceKind, GenerationEvent, GenerationRequest, Policy, PolicyOptions, Weights};
 
 /// `trainer::Policy` as an [`InferenceEngine`]. Cloning shares the policy.
 #[derive(Clone, Debug)]
@@ -27,15 +27,18 @@ impl PolicyEngine {
         Self { policy }
     }
 
-    /// Loads the Hugging Face folder `dir` on the CPU, decoding at most `max_batch` sequences together.
-    pub fn load(dir: &Path, max_batch: usize) -> crate::Result<Self> {
+    /// Loads the Hugging Face folder `dir` onto `device`, decoding at most `max_batch` sequences together.
+    /// A device this build or machine cannot use (CUDA without the `cuda` feature, or without a driver) is
+    /// one error naming it.
+    pub fn load(dir: &Path, max_batch: usize, device: DeviceKind) -> crate::Result<Self> {
         use crate::error::Context as _;
         let options = PolicyOptions {
             max_batch,
+            device,
             ..PolicyOptions::default()
         };
         let policy = Policy::load(dir, options)
-            .with_context(|| format!("cannot load the policy from {}", dir.display()))?;
+            .with_context(|| format!("cannot load the policy from {} onto {device}", dir.display()))?;
         Ok(Self { policy })
     }
 

@@ -285,6 +285,10 @@ pub struct ActorConfig {
     pub device: String,
     /// Matrix products in bf16 with f32 master weights (CUDA only).
     pub bf16_autocast: bool,
+    /// Keep only each decoder layer's input between the forward and the backward pass and recompute the
+    /// layer there: activation memory per token drops to about one hidden vector per layer, for one more
+    /// forward pass per step (`arena-rl model estimate` prints both). CPU only for now.
+    pub recompute_layers: bool,
     /// Stop after this many training steps; null trains through the data.
     pub total_train_steps: Option<u64>,
     /// Multiplies rewards before clipping.
@@ -322,6 +326,7 @@ impl Default for ActorConfig {
             max_tokens_per_mb: 8192,
             device: "cpu".to_string(),
             bf16_autocast: false,
+            recompute_layers: false,
             total_train_steps: None,
             reward_scaling: 1.0,
             reward_bias: 0.0,
@@ -380,17 +385,7 @@ impl ActorConfig {
         if self.max_tokens_per_mb == 0 {
             c.push(a.key("max_tokens_per_mb"), "must be >= 1, got 0");
         }
-        let cuda = self.device == "cuda"
-            || self
-                .device
-                .strip_prefix("cuda:")
-                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
-        if self.device != "cpu" && !cuda {
-            c.push(
-                a.key("device"),
-                format!("{:?} is not a device: expected cpu, cuda or cuda:N", self.device),
-            );
-        }
+        let cuda = check_device(&self.device, a.key("device"), c);
         if self.bf16_autocast && !cuda {
             c.push(a.key("bf16_autocast"), "needs a CUDA device (actor.device: cuda)");
         }
@@ -417,6 +412,18 @@ impl Default for DatasetConfig {
             drop_last: true,
         }
     }
+}
+
+/// Checks a device setting (`cpu`, `cuda` or `cuda:N`); returns whether it names a CUDA device.
+pub(crate) fn check_device(device: &str, path: KeyPath, c: &mut Collector) -> bool {
+    let cuda = device == "cuda"
+        || device
+            .strip_prefix("cuda:")
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    if device != "cpu" && !cuda {
+        c.push(path, format!("{device:?} is not a device: expected cpu, cuda or cuda:N"));
+    }
+    cuda
 }
 
 fn positive(c: &mut Collector, path: KeyPath, value: f64) {

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use super::Mode;
-use super::profile::Profile;
+use super::profile::{Placement, Profile};
 use super::validate::Launch;
 
 const CONTROLLER: &str = include_str!("templates/controller.sh");
@@ -51,6 +51,7 @@ pub(crate) fn render(l: &Launch) -> Scripts {
         ("tasks_per_node", l.placement.replicas_per_node.max(1).to_string()),
         ("placement", placement(l)),
         ("gpus_per_replica", l.placement.gpus_per_replica.to_string()),
+        ("server_device", server_device(l).into()),
         ("train_args", train_args(l)),
     ]);
     Scripts {
@@ -80,10 +81,30 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         format!("actor.max_tokens_per_mb={}", k.context),
         format!("rollout.max_concurrent_rollouts={}", k.concurrency),
     ];
+    o.extend(device_overrides(&l.placement));
     if let Some(d) = &l.dataset_config {
         o.push(format!("econfig.arena_streams_file={}", d.display()));
     }
     o
+}
+
+/// Where the trainer and the in-process policy compute: on a GPU node the trainer takes the first GPU, and an
+/// in-process policy (no policy servers) the second when there is one; without GPUs both stay on the CPU.
+pub(crate) fn device_overrides(p: &Placement) -> Vec<String> {
+    if p.gpus_per_node == 0 {
+        return Vec::new();
+    }
+    let mut o = vec!["actor.device=cuda:0".to_string()];
+    if p.serve_nodes == 0 {
+        let policy = u32::from(p.gpus_per_node >= 2);
+        o.push(format!("model.device=cuda:{policy}"));
+    }
+    o
+}
+
+/// The device of each `serve-policy` replica: its first visible GPU, or the CPU when it has none.
+fn server_device(l: &Launch) -> &'static str {
+    if l.placement.gpus_per_replica > 0 { "cuda" } else { "cpu" }
 }
 
 fn common(l: &Launch) -> Vec<(&'static str, String)> {
@@ -163,10 +184,17 @@ fn train_resources(l: &Launch) -> String {
 
 fn placement(l: &Launch) -> String {
     let p = &l.placement;
+    let devices = device_overrides(p).join(", ");
+    let devices = if devices.is_empty() {
+        "everything on the CPU".to_string()
+    } else {
+        devices
+    };
     if p.serve_nodes == 0 {
-        return "# Placement: one node runs `arena-rl train`: the loop, the rollout proxy and the policy, served\n\
-                # in-process."
-            .into();
+        return format!(
+            "# Placement: one node runs `arena-rl train`: the loop, the rollout proxy and the policy, served\n\
+             # in-process ({devices})."
+        );
     }
     let plural = |n: u32, one: &str, many: &str| {
         if n == 1 {
@@ -177,7 +205,7 @@ fn placement(l: &Launch) -> String {
     };
     format!(
         "# Placement: the first node runs `arena-rl train` (the loop, the rollout proxy and the trainer); the\n\
-         # other {} each run {} of {} (burn uses the first; docs/slurm.md).",
+         # other {} each run {} of {} (burn uses the first; docs/slurm.md); {devices}.",
         plural(p.serve_nodes, "node", "nodes"),
         plural(
             p.replicas_per_node,

@@ -1,7 +1,8 @@
 //! `arena-rl model`: run a Hugging Face checkpoint with the trainer's policy from the shell.
 //!
 //! `score` writes per-position logits as a float32 `.npy`; `generate` renders a prompt as one user turn with
-//! the model's chat template (rollout-proxy's renderer and tokenizer) and prints the answer as it is sampled.
+//! the model's chat template (rollout-proxy's renderer and tokenizer) and prints the answer as it is sampled;
+//! `estimate` prints what training a model shape costs in memory, without loading anything.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,22 @@ pub(crate) enum Command {
     Score(ScoreArgs),
     /// Answer a prompt, rendered as one user turn with the model's chat template.
     Generate(GenerateArgs),
+    /// Dry run: parameters, bytes of weights, gradients and AdamW state, and activation bytes per token with
+    /// and without layer recompute, for a published shape or a model folder's config.json.
+    Estimate(EstimateArgs),
+}
+
+#[derive(ClapArgs)]
+pub(crate) struct EstimateArgs {
+    /// A published shape: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen2.5-7b or smollm2-135m.
+    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    shape: Option<String>,
+    /// A Hugging Face model folder whose config.json to estimate.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Tokens in one micro-batch (`actor.max_tokens_per_mb`).
+    #[arg(long, default_value_t = 8192)]
+    tokens: u64,
 }
 
 #[derive(ClapArgs)]
@@ -63,7 +80,41 @@ pub(crate) fn run(command: Command) -> Result<()> {
     match command {
         Command::Score(args) => score(args),
         Command::Generate(args) => generate(args),
+        Command::Estimate(args) => estimate(&args),
     }
+}
+
+fn estimate(args: &EstimateArgs) -> Result<()> {
+    use trainer::estimate::{MemoryEstimate, SHAPES};
+    let (name, config) = match (&args.shape, &args.model) {
+        (Some(shape), _) => {
+            let found = SHAPES.iter().find(|s| {
+                let short = s.name.rsplit('/').next().unwrap_or(s.name);
+                short.eq_ignore_ascii_case(shape) || s.name.eq_ignore_ascii_case(shape)
+            });
+            let Some(found) = found else {
+                let names: Vec<&str> = SHAPES.iter().map(|s| s.name.rsplit('/').next().unwrap_or(s.name)).collect();
+                bail!("--shape {shape:?} is not one of {}", names.join(", "));
+            };
+            (found.name.to_string(), found.config())
+        }
+        (None, Some(dir)) => {
+            let path = dir.join("config.json");
+            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            (dir.display().to_string(), trainer::ModelConfig::from_json_str(&text, &path)?)
+        }
+        (None, None) => bail!("give --shape or --model"),
+    };
+    let estimate = MemoryEstimate::new(&name, &config, &trainer::MemoryConfig::default());
+    print!("{estimate}");
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "  one step of {} tokens: {:.2} GiB, {:.2} GiB with layer recompute (actor.recompute_layers)",
+        args.tokens,
+        gib(estimate.step_bytes(args.tokens, false)),
+        gib(estimate.step_bytes(args.tokens, true)),
+    );
+    Ok(())
 }
 
 fn options(device: &str) -> Result<PolicyOptions> {

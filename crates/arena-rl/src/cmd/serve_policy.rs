@@ -25,6 +25,9 @@ pub(crate) struct Args {
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
+    /// The device: `cpu`, `cuda` (the first GPU) or `cuda:N` (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: trainer::DeviceKind,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
@@ -34,7 +37,10 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let engine = PolicyEngine::load(&args.model, args.max_batch)?;
+        args.device
+            .check()
+            .with_context(|| format!("--device {}", args.device))?;
+        let engine = PolicyEngine::load(&args.model, args.max_batch, args.device)?;
         let engine: Arc<dyn InferenceEngine> = Arc::new(engine);
         let addr = SocketAddr::new(args.host, args.port);
         let server = ProxyServer::serve_router(addr, generate_router(engine))

@@ -87,7 +87,8 @@ pub(crate) async fn build_engine(config: &RunConfig, model: &ChatModel, dir: &Pa
         ModelEngine::Burn => {
             let dir = dir.to_path_buf();
             let max_batch = config.model.max_batch as usize;
-            let policy = tokio::task::spawn_blocking(move || PolicyEngine::load(&dir, max_batch))
+            let device = super::settings::policy_device(config)?;
+            let policy = tokio::task::spawn_blocking(move || PolicyEngine::load(&dir, max_batch, device))
                 .await
                 .context("loading the policy")??;
             Ok(EngineHandle {

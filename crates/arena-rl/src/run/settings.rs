@@ -152,17 +152,39 @@ pub fn reward_config(config: &RunConfig) -> RewardConfig {
     }
 }
 
+/// A device setting, checked against this build and machine: one error naming the field when this build
+/// has no `cuda` feature or the machine no NVIDIA driver.
+fn device(field: &str, value: &str) -> Result<DeviceKind> {
+    let device: DeviceKind = value
+        .parse()
+        .map_err(|e| Error::Invalid(format!("{field} {value:?}: {e}")))?;
+    device
+        .check()
+        .map_err(|e| Error::Invalid(format!("{field} {value:?}: {e}")))?;
+    Ok(device)
+}
+
+/// The in-process policy's device (`model.device`).
+pub fn policy_device(config: &RunConfig) -> Result<DeviceKind> {
+    device("model.device", &config.model.device)
+}
+
 /// The trainer's device and precision (`actor.device`, `actor.bf16_autocast`).
 pub fn trainer_options(config: &RunConfig) -> Result<TrainerOptions> {
-    let device: DeviceKind = config
-        .actor
-        .device
-        .parse()
-        .map_err(|e| Error::Invalid(format!("actor.device {:?}: {e}", config.actor.device)))?;
+    let device = device("actor.device", &config.actor.device)?;
     Ok(TrainerOptions {
         device,
         bf16_autocast: config.actor.bf16_autocast,
     })
+}
+
+/// How a training step trades memory for time (`actor.recompute_layers`; the chunk sizes keep trainer's
+/// defaults).
+pub fn memory_config(config: &RunConfig) -> trainer::MemoryConfig {
+    trainer::MemoryConfig {
+        recompute_layers: config.actor.recompute_layers,
+        ..trainer::MemoryConfig::default()
+    }
 }
 
 /// The trainer's GRPO settings: the `actor` section's objective, optimiser, schedule (its step counts are

@@ -33,6 +33,7 @@ pub struct GrpoStep {
     config: TrainConfig,
     warmup_steps_proportion: f64,
     options: TrainerOptions,
+    memory: trainer::MemoryConfig,
     publish: Publish,
     trainer: Option<Trainer>,
     /// Steps in a row that had no trainable group.
@@ -64,6 +65,7 @@ impl GrpoStep {
             config: settings::train_config(config),
             warmup_steps_proportion: config.actor.warmup_steps_proportion,
             options: settings::trainer_options(config)?,
+            memory: settings::memory_config(config),
             publish,
             trainer: None,
             skipped_in_a_row: 0,
@@ -149,8 +151,11 @@ impl TrainStep for GrpoStep {
         let mut config = self.config.clone();
         config.schedule.total_steps = total_steps.max(1);
         config.schedule.warmup_steps = (self.warmup_steps_proportion * total_steps as f64) as u64;
-        let trainer = Trainer::load(&self.model_dir, config, self.options.clone())
+        let mut trainer = Trainer::load(&self.model_dir, config, self.options.clone())
             .with_context(|| format!("loading {} for training", self.model_dir.display()))?;
+        trainer
+            .set_memory(self.memory.clone())
+            .context("actor.recompute_layers")?;
         tracing::info!(
             model = %self.model_dir.display(),
             device = %self.options.device,

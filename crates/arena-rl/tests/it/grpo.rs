@@ -83,7 +83,7 @@ async fn grpo_step_trains_swaps_into_the_policy_and_restores() {
     // The in-process policy takes them as the next version.
     let policy = tokio::task::spawn_blocking({
         let model = model.clone();
-        move || PolicyEngine::load(&model, 4).unwrap()
+        move || PolicyEngine::load(&model, 4, trainer::DeviceKind::Cpu).unwrap()
     })
     .await
     .unwrap();

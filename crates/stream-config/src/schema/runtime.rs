@@ -151,6 +151,9 @@ pub struct ModelSection {
     pub engine: ModelEngine,
     /// Most sequences the in-process policy decodes together.
     pub max_batch: u32,
+    /// The in-process policy's device: `cpu`, `cuda` (the first GPU) or `cuda:N` (CUDA needs a build with
+    /// `--features cuda` and an NVIDIA driver; either missing is one error at start-up).
+    pub device: String,
 }
 
 impl Default for ModelSection {
@@ -159,6 +162,7 @@ impl Default for ModelSection {
             path: String::new(),
             engine: ModelEngine::Burn,
             max_batch: 64,
+            device: "cpu".to_string(),
         }
     }
 }
@@ -275,6 +279,7 @@ impl ModelSection {
         if self.max_batch == 0 {
             c.push(path.key("max_batch"), "must be >= 1, got 0");
         }
+        crate::schema::check_device(&self.device, path.key("device"), c);
     }
 }
 

@@ -487,3 +487,24 @@ fn temperature_and_top_p_refuse_what_sampling_cannot_use() {
         assert!(problems[0].ends_with(needle), "{over}: {}", problems[0]);
     }
 }
+
+#[test]
+fn model_device_defaults_to_the_cpu_and_names_a_bad_value() {
+    let c = crate::load_run_config_str("run.yaml", "experiment_name: e\ntrial_name: t\n", &[], &Env::default())
+        .unwrap();
+    assert_eq!(c.model.device, "cpu");
+    let c = crate::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\n",
+        &["model.device=cuda:2".to_string()],
+        &Env::default(),
+    )
+    .unwrap();
+    assert_eq!(c.model.device, "cuda:2");
+    let problems = loop_problems(&["model.device=gpu0", "actor.device=cuda:"]);
+    assert!(
+        problems.iter().any(|p| p.contains("model.device") && p.contains("\"gpu0\" is not a device")),
+        "{problems:?}"
+    );
+    assert!(problems.iter().any(|p| p.contains("actor.device")), "{problems:?}");
+}
