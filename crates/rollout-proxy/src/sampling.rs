@@ -38,7 +38,9 @@ impl SamplingDefaults {
         if let Some(p) = self.top_p
             && !(p > 0.0 && p <= 1.0)
         {
-            return Err(Error::Config(format!("sampling.top_p must be in (0, 1], got {p}")));
+            return Err(Error::Config(format!(
+                "sampling.top_p must be in (0, 1], got {p}"
+            )));
         }
         if self.top_k == Some(0) {
             return Err(Error::Config(

@@ -349,6 +349,7 @@ impl ExportedTrajectory {
         self.temperatures.extend(std::iter::repeat_n(s.temperature, n));
         self.top_ps.extend(std::iter::repeat_n(s.top_p, n));
         self.top_ks.extend(std::iter::repeat_n(s.top_k, n));
-        self.truncated.extend(std::iter::repeat_n(u8::from(s.truncated), n));
+        self.truncated
+            .extend(std::iter::repeat_n(u8::from(s.truncated), n));
     }
 }

@@ -172,11 +172,14 @@ fn a_concat_export_carries_each_turns_sampling_per_token() {
     assert_eq!(e.temperatures, vec![1.0, 1.0, 0.6, 0.6, 1.0, 1.3, 1.0, 1.0, 1.0]);
     assert_eq!(e.top_ps, vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 1.0, 1.0, 1.0]);
     assert_eq!(e.top_ks, vec![0, 0, 0, 0, 0, 20, 0, 0, 0]);
-    assert_eq!(e.truncated, vec![0, 0, 0, 0, 0, 1, 0, 0, 0], "greedy tokens are untruncated");
+    assert_eq!(
+        e.truncated,
+        vec![0, 0, 0, 0, 0, 1, 0, 0, 0],
+        "greedy tokens are untruncated"
+    );
     let individual = t.export("s", &json!({}), &ExportOptions::default());
     assert_eq!(
-        individual[2].temperatures,
-        e.temperatures,
+        individual[2].temperatures, e.temperatures,
         "earlier turns keep their values where an individual export does not train on them"
     );
 }

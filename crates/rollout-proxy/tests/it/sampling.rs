@@ -71,7 +71,12 @@ async fn send(p: &Proxy, protocol: &str, key: &str, prompt: &str, extra: Value) 
 fn sampled(t: &ExportedTrajectory) -> Vec<(f32, f32, u32, u8)> {
     let n = t.token_ids.len();
     assert_eq!(
-        [t.temperatures.len(), t.top_ps.len(), t.top_ks.len(), t.truncated.len()],
+        [
+            t.temperatures.len(),
+            t.top_ps.len(),
+            t.top_ks.len(),
+            t.truncated.len()
+        ],
         [n; 4],
         "one entry per token"
     );
@@ -160,8 +165,16 @@ async fn the_runs_defaults_fill_what_a_request_omits() {
         p.end(&key).await;
         let exported = p.export(&session, "individual").await;
         let s: Vec<_> = exported.trajectories.iter().map(sampled).collect();
-        assert!(s[0].iter().all(|e| *e == (0.7, 0.95, 40, 1)), "{protocol}: {:?}", s[0]);
-        assert!(s[1].iter().all(|e| *e == (1.3, 0.95, 5, 1)), "{protocol}: {:?}", s[1]);
+        assert!(
+            s[0].iter().all(|e| *e == (0.7, 0.95, 40, 1)),
+            "{protocol}: {:?}",
+            s[0]
+        );
+        assert!(
+            s[1].iter().all(|e| *e == (1.3, 0.95, 5, 1)),
+            "{protocol}: {:?}",
+            s[1]
+        );
     }
 }
 
