@@ -4,11 +4,16 @@
 //! export that spans turns sampled at different temperatures. The fake engine's request log says what the
 //! engine was asked for; the export must say the same, token by token.
 
+use std::sync::Arc;
+
 use http::StatusCode;
-use rollout_proxy::{ExportedTrajectory, HarnessSampling, ProxyConfig, SamplingDefaults};
+use rollout_proxy::{
+    ExportedTrajectory, FakeEngine, HarnessSampling, InferenceEngine, ProxyConfig, ProxyState,
+    SamplingDefaults,
+};
 use serde_json::{Value, json};
 
-use crate::common::{Proxy, config, engine_config, python, turn};
+use crate::common::{Proxy, config, engine_config, model, python, turn};
 
 const PROTOCOLS: [&str; 3] = ["chat", "responses", "messages"];
 
@@ -267,4 +272,30 @@ async fn a_concat_export_carries_each_turns_temperature() {
         .map(|r| r.sampling.temperature)
         .collect();
     assert_eq!(asked, vec![0.6, 1.3, 0.0], "the engine was asked for greedy");
+}
+
+#[tokio::test]
+async fn bad_values_are_refused_by_name_from_the_run_and_from_a_harness() {
+    let mut c = config();
+    c.sampling.top_p = Some(0.0);
+    let engine: Arc<dyn InferenceEngine> = Arc::new(FakeEngine::new(engine_config()));
+    let err = ProxyState::new(c, model(), engine).expect_err("refused");
+    assert!(err.to_string().contains("sampling.top_p"), "{err}");
+
+    // Under override a harness's nonsense is still its own error.
+    let run = SamplingDefaults {
+        temperature: Some(0.9),
+        ..SamplingDefaults::default()
+    };
+    let p = proxy_with(run, HarnessSampling::Override).await;
+    let (_, key) = p.session("bad").await;
+    let r = p
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": "x"}], "temperature": -1}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(r.text.contains("temperature"), "{}", r.text);
+    assert!(p.engine.requests().is_empty());
 }
