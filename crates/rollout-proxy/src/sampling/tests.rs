@@ -1,3 +1,5 @@
+//! Tests of how the run's sampling values meet a harness's, and of refusing bad run values.
+
 use super::*;
 
 fn check(
