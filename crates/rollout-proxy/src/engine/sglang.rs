@@ -377,7 +377,15 @@ impl Decoder {
         let top_offset = list.len() - new.len();
         for (offset, (logprob, id, _)) in new.iter().enumerate() {
             let index = first_index + offset;
-            let mut logprob = logprob.unwrap_or(0.0);
+            // SGLang writes a NaN logprob as null; recording any number in its place would corrupt the
+            // importance weights silently.
+            let Some(mut logprob) = *logprob else {
+                out.push_back(Err(EngineError::Protocol(format!(
+                    "output token {index} has a null (NaN) logprob"
+                ))));
+                self.finished = true;
+                return;
+            };
             if let Some(t) = renormalise {
                 let Some(Some(top)) = tops.get(top_offset + offset) else {
                     out.push_back(Err(EngineError::Protocol(format!(

@@ -102,3 +102,14 @@ fn sampled_distribution_logprobs_are_kept_and_missing_tops_are_an_error() {
         "{events:?}"
     );
 }
+
+#[test]
+fn a_null_logprob_is_a_protocol_error() {
+    let chunk = serde_json::json!({"meta_info": {"completion_tokens": 1, "finish_reason": {"type": "length"},
+        "output_token_logprobs": [[null, 5, null]]}});
+    let events = decode(None, &[chunk]);
+    assert!(
+        matches!(&events[..], [Err(EngineError::Protocol(m))] if m.contains("NaN")),
+        "{events:?}"
+    );
+}
