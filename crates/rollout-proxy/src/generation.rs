@@ -200,6 +200,11 @@ impl Prepared {
     pub fn created(&self) -> u64 {
         self.created
     }
+
+    /// How the engine will be asked to sample (the request's, session's and run's values resolved).
+    pub fn sampling(&self) -> &SamplingParams {
+        &self.sampling
+    }
 }
 
 fn unix_now() -> u64 {

@@ -299,3 +299,34 @@ async fn bad_values_are_refused_by_name_from_the_run_and_from_a_harness() {
     assert!(r.text.contains("temperature"), "{}", r.text);
     assert!(p.engine.requests().is_empty());
 }
+
+#[tokio::test]
+async fn a_response_object_reports_the_values_it_was_sampled_at() {
+    let run = SamplingDefaults {
+        temperature: Some(0.9),
+        top_p: Some(0.95),
+        top_k: None,
+    };
+    for (mode, sent, expect) in [
+        (
+            HarnessSampling::Override,
+            json!({"temperature": 0.6}),
+            json!([0.9, 0.95]),
+        ),
+        (
+            HarnessSampling::Honour,
+            json!({"temperature": 0.6}),
+            json!([0.6, 0.95]),
+        ),
+    ] {
+        let p = proxy_with(run, mode).await;
+        let (_, key) = p.session("echo").await;
+        p.engine.push_script(turn("ok"));
+        let mut body = json!({"model": "smol", "input": "hi"});
+        body["temperature"] = sent["temperature"].clone();
+        let r = p.responses(&key, body).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        let v = r.json();
+        assert_eq!(json!([v["temperature"], v["top_p"]]), expect, "{mode:?}");
+    }
+}
