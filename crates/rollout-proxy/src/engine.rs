@@ -22,6 +22,10 @@ pub use serve::generate_router;
 pub use sglang::{SglangConfig, SglangEngine};
 
 /// How to sample one generation.
+///
+/// Greedy decoding (`temperature` 0) ignores `top_p` and `top_k`: the argmax is drawn from no
+/// distribution, and its token is recorded under the untempered, untruncated softmax (see
+/// [`SampledToken::logprob`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 means greedy.
@@ -36,6 +40,23 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// A seed for reproducible sampling.
     pub seed: Option<u64>,
+}
+
+impl SamplingParams {
+    /// Whether the tokens are drawn from a truncated distribution: top-p below 1 or a top-k, and not
+    /// greedy (greedy tokens are recorded untruncated).
+    pub fn is_truncated(&self) -> bool {
+        self.temperature > 0.0 && (self.top_p < 1.0 || self.top_k.is_some())
+    }
+
+    /// The temperature the recorded log-probabilities are of: `temperature`, or 1 for greedy decoding.
+    pub fn logprob_temperature(&self) -> f32 {
+        if self.temperature > 0.0 {
+            self.temperature
+        } else {
+            1.0
+        }
+    }
 }
 
 impl Default for SamplingParams {
@@ -68,7 +89,12 @@ pub struct GenerateRequest {
 pub struct SampledToken {
     /// The token id.
     pub id: u32,
-    /// Its log-probability under the policy that sampled it.
+    /// Its behaviour log-probability: the log-probability of the token under the distribution it was
+    /// actually drawn from. That is the softmax of the logits divided by the temperature, restricted to the
+    /// tokens top-k and top-p keep and renormalised over them when [`SamplingParams::is_truncated`]. A
+    /// greedy token (temperature 0) is recorded under the plain softmax (temperature 1, untruncated),
+    /// since the point mass it was taken from would always say 0. Every engine records this quantity;
+    /// the trainer's importance weights rely on it.
     pub logprob: f32,
     /// The policy (weights) version that sampled it; it may change in the middle of a sequence.
     pub version: u32,
@@ -149,9 +175,18 @@ pub enum EngineError {
 }
 
 /// A policy that generates tokens. Object-safe: the proxy holds an `Arc<dyn InferenceEngine>`.
+///
+/// What an engine returns as a token's log-probability is fixed by this trait, whatever the engine's
+/// own convention: the log-probability under the distribution the token was drawn from, tempered, and
+/// truncated and renormalised when top-k or top-p truncate; greedy tokens at temperature 1, untruncated
+/// ([`SampledToken::logprob`]). The in-process sampler (`trainer::sampling::sample`) records exactly
+/// that; [`FakeEngine`] records scripted or pseudo-random values and claims nothing about a
+/// distribution; [`SglangEngine`] converts SGLang's tempered, untruncated log-probabilities into it
+/// (its module documents how, from SGLang's own sampler).
 pub trait InferenceEngine: Send + Sync {
     /// Starts a generation. The stream yields tokens as they are sampled and then one
-    /// [`EngineEvent::Finished`]; dropping it aborts the generation.
+    /// [`EngineEvent::Finished`]; dropping it aborts the generation. Each token's `logprob` is its
+    /// behaviour log-probability as [`SampledToken::logprob`] defines it.
     fn generate(&self, request: GenerateRequest) -> TokenStream;
 
     /// The most tokens a prompt plus its generation may hold.

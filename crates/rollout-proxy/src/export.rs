@@ -14,7 +14,7 @@
 //!
 //! # Answer: [`ExportedSession`]
 //!
-//! Every trajectory is one token sequence with four parallel arrays of the same length:
+//! Every trajectory is one token sequence with eight parallel arrays of the same length:
 //!
 //! | field | meaning |
 //! |---|---|
@@ -22,6 +22,24 @@
 //! | `loss_mask` | 1 on tokens the policy sampled (for `individual`, only this interaction's own output), 0 on prompt, tool and template tokens |
 //! | `logprobs` | the sampling log-probability of each sampled token, 0.0 elsewhere |
 //! | `versions` | the policy version that sampled each sampled token, -1 elsewhere |
+//! | `temperatures` | the temperature each sampled token's log-probability is of (1 for a greedy token), 1.0 elsewhere |
+//! | `top_ps` | the top-p each sampled token was drawn under (1.0 for a greedy token), 1.0 elsewhere |
+//! | `top_ks` | the top-k each sampled token was drawn under, 0 for none (and for a greedy token), 0 elsewhere |
+//! | `truncated` | 1 on sampled tokens drawn from a truncated distribution (top-p < 1 or a top-k, not greedy), 0 elsewhere |
+//!
+//! The four sampling arrays cover every output token of the chain, also those an `individual` export does
+//! not train on (they were sampled at those values all the same); prompt, tool and template tokens carry
+//! the neutral values. They are per token because one `concat` trajectory can span turns sampled at
+//! different temperatures. Records written before they existed deserialise with them empty.
+//!
+//! # What `logprobs` are
+//!
+//! A sampled token's log-probability is of the distribution it was drawn from
+//! ([`crate::SampledToken::logprob`]): the softmax of the logits divided by `temperatures[i]`, restricted
+//! to the tokens top-k and top-p kept and renormalised over them when `truncated[i]` is 1. A greedy token
+//! (temperature 0) is recorded, and exported, at temperature 1 and untruncated. A trainer scores each token
+//! at `temperatures[i]` over the whole vocabulary; on truncated tokens the difference from `logprobs` is
+//! real, not drift, and the decoupled loss's behaviour weight corrects it.
 //!
 //! In `concat` style each leaf is a complete sequence: a prefix shared by several leaves (a turn that was
 //! retried, or branched) appears in full in every leaf that extends it, as in the reference. Rewards are
@@ -104,6 +122,23 @@ pub struct ExportedTrajectory {
     pub logprobs: Vec<f32>,
     /// Policy versions (-1 where not sampled).
     pub versions: Vec<i64>,
+    /// The temperature each token's behaviour log-probability is of: its sampling temperature, 1 for a
+    /// greedy token and 1 where not sampled. Empty in records written before it was recorded.
+    #[serde(default)]
+    pub temperatures: Vec<f32>,
+    /// The top-p each token was drawn under (1 where not sampled, and for greedy tokens). Empty in old
+    /// records.
+    #[serde(default)]
+    pub top_ps: Vec<f32>,
+    /// The top-k each token was drawn under, 0 for none (and where not sampled, and for greedy tokens).
+    /// Empty in old records.
+    #[serde(default)]
+    pub top_ks: Vec<u32>,
+    /// 1 where the token was drawn from a truncated distribution (top-p below 1 or a top-k, not greedy),
+    /// so its `logprobs` entry is of the truncated, renormalised distribution; else 0. Empty in old
+    /// records.
+    #[serde(default)]
+    pub truncated: Vec<u8>,
     /// Tokens before the first token this trajectory trains on.
     pub prompt_len: usize,
     /// The reward after discounting.

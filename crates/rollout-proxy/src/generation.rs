@@ -6,7 +6,8 @@
 //!    and admit the generation against the token budget.
 //! 2. [`Generation`]: run the engine, detokenise incrementally, cut at stop strings, parse reasoning and tool
 //!    calls, and yield protocol-neutral [`GenEvent`]s as tokens arrive.
-//! 3. On finish, record the interaction (prompt delta, sampled tokens, logprobs, versions) in the session.
+//! 3. On finish, record the interaction (prompt delta, sampled tokens, logprobs, versions, and the
+//!    temperature, top-p and top-k it was sampled at) in the session.
 //!
 //! A generation that is dropped before it finishes (the client went away) aborts the engine stream and
 //! releases its reservation without recording anything.
@@ -25,10 +26,11 @@ use crate::error::{ApiError, ApiErrorKind};
 use crate::messages::{chain, collect_images, for_template, message_key};
 use crate::metrics::Metrics;
 use crate::parse::{OutputParser, Parsed, StopMatcher, ToolCallFormat};
+use crate::sampling::resolve;
 use crate::server::ProxyState;
 use crate::template::RenderOptions;
 use crate::tokenizer::IncrementalDecoder;
-use crate::trajectory::{Finish, Interaction, encode_versions};
+use crate::trajectory::{Finish, Interaction, TokenSampling, encode_versions};
 
 /// A generation request in protocol-neutral form: OpenAI-style messages (already normalised and
 /// preprocessed), tools, and sampling settings as the client gave them.
@@ -198,6 +200,11 @@ impl Prepared {
     pub fn created(&self) -> u64 {
         self.created
     }
+
+    /// How the engine will be asked to sample (the request's, session's and run's values resolved).
+    pub fn sampling(&self) -> &SamplingParams {
+        &self.sampling
+    }
 }
 
 fn unix_now() -> u64 {
@@ -217,7 +224,8 @@ fn template_error(e: crate::error::Error) -> ApiError {
     }
 }
 
-/// Fills fields the request left out from the session's `generation_args`.
+/// Fills fields the request left out from the session's `generation_args` (the run's sampling values come
+/// after both, in [`resolve`]).
 fn apply_defaults(input: &mut GenerationInput, defaults: &Map<String, Value>) {
     let f32_of = |k: &str| defaults.get(k).and_then(Value::as_f64).map(|v| v as f32);
     let u64_of = |k: &str| defaults.get(k).and_then(Value::as_u64);
@@ -329,6 +337,13 @@ pub fn prepare(
     {
         return Err(ApiError::invalid("top_p must be in (0, 1]").with_param("top_p"));
     }
+    // The request's own values are checked above even when the run overrides them: a harness that sends
+    // nonsense hears about it either way.
+    let sampling = resolve(
+        (input.temperature, input.top_p, input.top_k),
+        &shared.config.sampling,
+        shared.config.harness_sampling,
+    );
     let reserved = (prompt.len() - delta_start) as u64 + u64::from(max_new);
     state.store().admit(session, reserved, now)?;
     let created = unix_now();
@@ -342,9 +357,9 @@ pub fn prepare(
         parent: parent_index,
         input_key,
         sampling: SamplingParams {
-            temperature: input.temperature.unwrap_or(1.0),
-            top_p: input.top_p.unwrap_or(1.0),
-            top_k: input.top_k,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            top_k: sampling.top_k,
             max_new_tokens: max_new,
             stop_token_ids: model.stop_token_ids.clone(),
             seed: input.seed,
@@ -709,6 +724,7 @@ impl Generation {
             output: self.tokens.iter().map(|t| t.id).collect(),
             logprobs: self.tokens.iter().map(|t| t.logprob).collect(),
             versions: encode_versions(self.tokens.iter().map(|t| t.version)),
+            sampling: TokenSampling::of(&p.sampling),
             input_key: p.input_key,
             chain_key: chain(p.input_key, message_key(&output_message)),
             stop_token,

@@ -22,6 +22,10 @@
 //!   `/v1/messages/count_tokens`) and Responses (`/v1/responses`, `GET /v1/responses/{id}`), each also
 //!   without the `/v1` prefix; the control endpoints of reference section 6.4, whose request and reply
 //!   bodies are the serde types of [`control::wire`] (for the proxy and its clients alike).
+//! - Sampling: [`ProxyConfig::sampling`] ([`SamplingDefaults`]) and [`ProxyConfig::harness_sampling`]
+//!   ([`HarnessSampling`]) decide each generation's temperature, top-p and top-k ([`sampling`]); the
+//!   values are recorded per interaction and exported per token, and [`SampledToken::logprob`] says what
+//!   every engine's log-probabilities are.
 //! - Engines: [`FakeEngine`] (deterministic, for tests and benches), [`SglangEngine`] (SGLang's native
 //!   `/generate`), and [`generate_router`], which serves any engine over SGLang's `/generate`.
 //! - Reusable pieces: [`template::ChatTemplate`] (HF chat templates), [`tokenizer::Tokenizer`] and
@@ -38,6 +42,7 @@ mod metrics;
 pub mod model;
 pub mod parse;
 mod protocol;
+pub mod sampling;
 mod server;
 pub mod session;
 pub mod sse;
@@ -53,5 +58,6 @@ pub use error::{ApiError, ApiErrorKind, Error, Protocol, Result};
 pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory};
 pub use model::ChatModel;
 pub use parse::{ReasoningFormat, ToolCallFormat};
+pub use sampling::{HarnessSampling, SamplingDefaults};
 pub use server::{ProxyConfig, ProxyServer, ProxyState, check_bind, router, serve};
 pub use session::SessionLimits;

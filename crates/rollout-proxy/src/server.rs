@@ -27,6 +27,7 @@ use crate::metrics::{Gauges, Metrics};
 use crate::model::ChatModel;
 use crate::parse::{ReasoningFormat, ToolCallFormat};
 use crate::protocol;
+use crate::sampling::{HarnessSampling, SamplingDefaults};
 use crate::session::{SessionLimits, SessionStore};
 
 /// How the proxy behaves.
@@ -56,6 +57,10 @@ pub struct ProxyConfig {
     pub sweep_interval: Duration,
     /// The generation limit when a request sets none (default: the rest of the context window).
     pub default_max_new_tokens: Option<u32>,
+    /// The run's temperature, top-p and top-k (default: none set, so temperature 1, top-p 1, no top-k).
+    pub sampling: SamplingDefaults,
+    /// Whether a harness's own sampling values win over the run's (default: they do, as in the reference).
+    pub harness_sampling: HarnessSampling,
 }
 
 impl std::fmt::Debug for ProxyConfig {
@@ -70,6 +75,8 @@ impl std::fmt::Debug for ProxyConfig {
             .field("capacity_grants", &self.capacity_grants)
             .field("ping_interval", &self.ping_interval)
             .field("export_wait_timeout", &self.export_wait_timeout)
+            .field("sampling", &self.sampling)
+            .field("harness_sampling", &self.harness_sampling)
             .finish_non_exhaustive()
     }
 }
@@ -90,6 +97,8 @@ impl ProxyConfig {
             export_wait_timeout: Duration::from_secs(600),
             sweep_interval: Duration::from_secs(30),
             default_max_new_tokens: None,
+            sampling: SamplingDefaults::default(),
+            harness_sampling: HarnessSampling::Honour,
         }
     }
 }
@@ -139,6 +148,7 @@ impl ProxyState {
                 ))
             })?);
         }
+        config.sampling.validate()?;
         if config.admin_key.expose_secret().is_empty() {
             return Err(Error::Config("the admin key must not be empty".into()));
         }

@@ -2,7 +2,7 @@
 //!
 //! Each interaction stores only what it added: the prompt tokens after its parent's sequence (the whole
 //! prompt when it has no parent) and the tokens it sampled with their log-probabilities and (run-length
-//! encoded) policy versions. A child's sequence is its parent's followed by its own delta, so no token is
+//! encoded) policy versions, and the temperature, top-p and top-k they were sampled at. A child's sequence is its parent's followed by its own delta, so no token is
 //! ever re-tokenised and a shared prefix is stored once.
 
 #[cfg(test)]
@@ -12,7 +12,44 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
+use crate::engine::SamplingParams;
 use crate::export::{ExportOptions, ExportStyle, ExportedTrajectory};
+
+/// The distribution an interaction's recorded log-probabilities are of, as exported per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TokenSampling {
+    /// The temperature of the logprobs: the sampling temperature, or 1 for greedy decoding.
+    pub(crate) temperature: f32,
+    pub(crate) top_p: f32,
+    /// 0 when no top-k applied.
+    pub(crate) top_k: u32,
+    pub(crate) truncated: bool,
+}
+
+impl TokenSampling {
+    /// What prompt, tool and template tokens carry: nothing sampled them.
+    pub(crate) const NEUTRAL: Self = Self {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        truncated: false,
+    };
+
+    /// The values of a generation sampled with `p`. Greedy tokens are recorded under the plain softmax,
+    /// so they carry the neutral values.
+    pub(crate) fn of(p: &SamplingParams) -> Self {
+        if p.temperature > 0.0 {
+            Self {
+                temperature: p.temperature,
+                top_p: p.top_p,
+                top_k: p.top_k.unwrap_or(0),
+                truncated: p.is_truncated(),
+            }
+        } else {
+            Self::NEUTRAL
+        }
+    }
+}
 
 /// Why an interaction's generation ended, as recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +79,8 @@ pub(crate) struct Interaction {
     pub(crate) logprobs: Box<[f32]>,
     /// (first output index, version) runs.
     pub(crate) versions: Box<[(u32, u32)]>,
+    /// What the output was sampled at.
+    pub(crate) sampling: TokenSampling,
     /// The key of the request's messages (identical inputs share it).
     pub(crate) input_key: u64,
     /// The key of the request's messages followed by this interaction's output message.
@@ -266,6 +305,10 @@ impl Trajectory {
             loss_mask: Vec::with_capacity(total),
             logprobs: Vec::with_capacity(total),
             versions: Vec::with_capacity(total),
+            temperatures: Vec::with_capacity(total),
+            top_ps: Vec::with_capacity(total),
+            top_ks: Vec::with_capacity(total),
+            truncated: Vec::with_capacity(total),
             prompt_len: 0,
             reward,
             original_reward,
@@ -282,6 +325,8 @@ impl Trajectory {
                 .extend(std::iter::repeat_n(0.0f32, it.prompt_delta.len()));
             t.versions
                 .extend(std::iter::repeat_n(-1i64, it.prompt_delta.len()));
+            t.push_sampling(TokenSampling::NEUTRAL, it.prompt_delta.len());
+            t.push_sampling(it.sampling, it.output.len());
             let trains = style == ExportStyle::Concat || i == index;
             if trains && first_trained.is_none() {
                 first_trained = Some(t.token_ids.len());
@@ -296,5 +341,15 @@ impl Trajectory {
         }
         t.prompt_len = first_trained.unwrap_or(t.token_ids.len());
         t
+    }
+}
+
+impl ExportedTrajectory {
+    fn push_sampling(&mut self, s: TokenSampling, n: usize) {
+        self.temperatures.extend(std::iter::repeat_n(s.temperature, n));
+        self.top_ps.extend(std::iter::repeat_n(s.top_p, n));
+        self.top_ks.extend(std::iter::repeat_n(s.top_k, n));
+        self.truncated
+            .extend(std::iter::repeat_n(u8::from(s.truncated), n));
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! Streams are incremental (each chunk carries only the new tokens, as SGLang does with
 //! `--incremental-streaming-output`), and every chunk also carries `completion_tokens`, the running total,
-//! so a client can tell incremental chunks from cumulative ones.
+//! so a client can tell incremental chunks from cumulative ones. Unlike SGLang's, the logprobs are the
+//! engine's own, of the distribution each token was drawn from (truncated where sampling truncates), and
+//! every chunk says so with `"logprob_distribution": "sampled"`; `top_logprobs_num` is not served.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -260,6 +262,9 @@ fn meta_info(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": total,
         "output_token_logprobs": logprobs,
+        // An extension of SGLang's meta_info: an InferenceEngine's logprobs already are of the distribution
+        // each token was drawn from, so a client must not renormalise them (see `SglangEngine`).
+        "logprob_distribution": "sampled",
     });
     if let (Some(last), Some(obj)) = (tokens.last(), meta.as_object_mut()) {
         obj.insert("weight_version".into(), json!(last.version.to_string()));

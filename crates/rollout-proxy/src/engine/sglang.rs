@@ -5,6 +5,35 @@
 //! token so far) and incremental ones (`--incremental-streaming-output`), telling them apart by the running
 //! `completion_tokens` count. Policy versions come from `meta_info.weight_versions` spans when the server
 //! reports them, else from `weight_version`, else from the version this client last installed.
+//!
+//! # Which log-probabilities SGLang returns, and what this client records
+//!
+//! [`crate::InferenceEngine`] fixes the recorded quantity: the log-probability under the distribution the
+//! token was drawn from, tempered, and truncated and renormalised when top-k or top-p truncate; greedy
+//! tokens at temperature 1. SGLang's `/generate` with `return_logprob` returns something else when
+//! sampling is truncated. From its source (`python/sglang/srt/layers/sampler.py`, `Sampler.forward`, on
+//! the 2025-2026 main line): the standard path divides the logits by the temperature, takes the softmax
+//! `probs`, samples through `_sample_from_probs` (whose top-k / top-p / min-p renormalisation works on its
+//! own copy), and returns `torch.log(probs)`: **tempered and untruncated**. sgl-project/sglang#5961 (May
+//! 2025) made it so; before it, `top_p_normalize_probs_torch` renormalised over top-p (never top-k), as
+//! #2664 had introduced. Greedy requests are rewritten to temperature 1 and top-k 1
+//! (`python/sglang/srt/sampling/sampling_params.py`, `SamplingParams.__init__`), and an all-greedy batch
+//! returns `log_softmax(logits)`: temperature 1, untruncated, which is what the trait asks for. No
+//! request field selects the truncated quantity. One server setting changes the answer: the environment
+//! variable `SGLANG_RETURN_ORIGINAL_LOGPROB` (sgl-project/sglang#8375) returns the untempered
+//! `log_softmax(logits)`, which no client can convert back, so it must stay unset on policy servers;
+//! `--rl-on-policy-target` keeps the tempered values (computed with `log_softmax` in bf16).
+//!
+//! So when a request truncates (top-p below 1 or a top-k, not greedy), this client also asks for
+//! `top_logprobs_num` (the top-k, at most [`SglangConfig::truncation_logprobs`]) and renormalises each
+//! token's log-probability over the tokens SGLang's sampler kept: it keeps a token when it is among the
+//! top-k and the probability mass before it is at most top-p (both on the tempered distribution:
+//! flashinfer's `top_k_top_p_sampling_from_probs` with `filter_apply_order="joint"`, and
+//! `top_k_top_p_min_p_sampling_from_probs_torch` alike). The kept mass is exact when the returned list
+//! reaches the top-p boundary or the top-k; otherwise the tail is estimated (half the most it can hold),
+//! an error of at most half the smallest returned probability over top-p in the log. A server whose
+//! chunks say `"logprob_distribution": "sampled"` in `meta_info` (our own [`crate::generate_router`],
+//! which serves engines that already record the sampled distribution) is taken as is.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -27,6 +56,9 @@ use super::{
     WeightUpdate,
 };
 
+#[cfg(test)]
+mod tests;
+
 /// Where an SGLang server is and what it can do.
 #[derive(Debug, Clone)]
 pub struct SglangConfig {
@@ -40,6 +72,10 @@ pub struct SglangConfig {
     pub stream: bool,
     /// Connect timeout.
     pub connect_timeout: Duration,
+    /// The most top log-probabilities per token to ask for when a request truncates (top-p below 1 or a
+    /// top-k), to renormalise SGLang's untruncated log-probabilities over the kept tokens (see the
+    /// module docs).
+    pub truncation_logprobs: u32,
 }
 
 impl SglangConfig {
@@ -51,6 +87,7 @@ impl SglangConfig {
             supports_images: false,
             stream: true,
             connect_timeout: Duration::from_secs(10),
+            truncation_logprobs: 64,
         }
     }
 }
@@ -68,6 +105,7 @@ struct Inner {
     max_context_len: usize,
     supports_images: bool,
     stream: bool,
+    truncation_logprobs: u32,
     version: AtomicU32,
 }
 
@@ -76,6 +114,8 @@ struct WireGenerate<'a> {
     input_ids: &'a [u32],
     sampling_params: WireSampling<'a>,
     return_logprob: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_logprobs_num: Option<u32>,
     stream: bool,
     #[serde(skip_serializing_if = "<[Value]>::is_empty")]
     image_data: &'a [Value],
@@ -104,6 +144,9 @@ struct WireChunk {
     error: Option<Value>,
 }
 
+/// One `[logprob, token_id, text]` entry; a NaN logprob arrives as `null`.
+type WireLogprob = (Option<f64>, u32, Option<Value>);
+
 #[derive(Deserialize)]
 struct WireMeta {
     #[serde(default)]
@@ -111,7 +154,14 @@ struct WireMeta {
     #[serde(default)]
     completion_tokens: Option<usize>,
     #[serde(default)]
-    output_token_logprobs: Vec<(Option<f64>, u32, Option<Value>)>,
+    output_token_logprobs: Vec<WireLogprob>,
+    /// Per output token, the most likely tokens' log-probabilities, most likely first (with
+    /// `top_logprobs_num`).
+    #[serde(default)]
+    output_top_logprobs: Vec<Option<Vec<WireLogprob>>>,
+    /// `"sampled"` when the logprobs already are of the distribution each token was drawn from.
+    #[serde(default)]
+    logprob_distribution: Option<String>,
     #[serde(default)]
     weight_version: Option<Value>,
     #[serde(default)]
@@ -155,6 +205,7 @@ impl SglangEngine {
             max_context_len: config.max_context_len.unwrap_or(0),
             supports_images: config.supports_images,
             stream: config.stream,
+            truncation_logprobs: config.truncation_logprobs.max(1),
             version: AtomicU32::new(0),
         };
         if config.max_context_len.is_none() {
@@ -231,11 +282,46 @@ impl Inner {
     }
 }
 
+/// How a request truncates, for renormalising SGLang's log-probabilities.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Truncation {
+    top_p: f64,
+    top_k: Option<usize>,
+}
+
+/// The probability mass SGLang's sampler keeps, from the most likely tokens' log-probabilities (most
+/// likely first, tempered): a token stays when it is among the `top_k` and the mass before it is at most
+/// `top_p`. An unreturned tail is estimated as half the most it can hold.
+fn kept_mass(top: &[f64], t: Truncation) -> f64 {
+    let limit = t.top_k.map_or(top.len(), |k| k.min(top.len()));
+    let mut mass = 0.0;
+    for lp in &top[..limit] {
+        if mass > t.top_p {
+            return mass;
+        }
+        mass += lp.exp();
+    }
+    let cut = mass > t.top_p || t.top_k.is_some_and(|k| k <= top.len());
+    if cut || top.is_empty() {
+        return mass.clamp(f64::MIN_POSITIVE, 1.0);
+    }
+    // The list ended inside the kept set. Every unreturned token is at most as likely as the last one, and
+    // the kept set ends with the first token that takes the mass past top-p (or at the top-k).
+    let smallest = top[top.len() - 1].exp();
+    let (lower, room) = match t.top_k {
+        Some(k) => (mass, (k - top.len()) as f64 * smallest),
+        None => (t.top_p.max(mass), f64::INFINITY),
+    };
+    let upper = (mass + room).min(t.top_p + smallest).min(1.0).max(lower);
+    ((lower + upper) / 2.0).clamp(f64::MIN_POSITIVE, 1.0)
+}
+
 /// Turns SGLang chunks into engine events.
 struct Decoder {
     emitted: usize,
     fallback_version: u32,
     finished: bool,
+    truncation: Option<Truncation>,
 }
 
 impl Decoder {
@@ -284,8 +370,33 @@ impl Decoder {
             .as_ref()
             .and_then(parse_version)
             .unwrap_or(self.fallback_version);
+        let renormalise = self
+            .truncation
+            .filter(|_| meta.logprob_distribution.as_deref() != Some("sampled"));
+        let tops = &meta.output_top_logprobs;
+        let top_offset = list.len() - new.len();
         for (offset, (logprob, id, _)) in new.iter().enumerate() {
             let index = first_index + offset;
+            // SGLang writes a NaN logprob as null; recording any number in its place would corrupt the
+            // importance weights silently.
+            let Some(mut logprob) = *logprob else {
+                out.push_back(Err(EngineError::Protocol(format!(
+                    "output token {index} has a null (NaN) logprob"
+                ))));
+                self.finished = true;
+                return;
+            };
+            if let Some(t) = renormalise {
+                let Some(Some(top)) = tops.get(top_offset + offset) else {
+                    out.push_back(Err(EngineError::Protocol(format!(
+                        "output token {index} has no output_top_logprobs, which renormalising truncated sampling needs"
+                    ))));
+                    self.finished = true;
+                    return;
+                };
+                let top: Vec<f64> = top.iter().filter_map(|(lp, _, _)| *lp).collect();
+                logprob -= kept_mass(&top, t).ln();
+            }
             let version = meta
                 .weight_versions
                 .iter()
@@ -294,7 +405,7 @@ impl Decoder {
                 .unwrap_or(default_version);
             out.push_back(Ok(EngineEvent::Token(SampledToken {
                 id: *id,
-                logprob: logprob.unwrap_or(0.0) as f32,
+                logprob: logprob as f32,
                 version,
             })));
         }
@@ -425,6 +536,17 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 impl InferenceEngine for SglangEngine {
     fn generate(&self, request: GenerateRequest) -> TokenStream {
         let sampling = &request.sampling;
+        let truncation = sampling.is_truncated().then(|| Truncation {
+            top_p: f64::from(sampling.top_p),
+            top_k: sampling.top_k.map(|k| k as usize),
+        });
+        let top_logprobs_num = truncation.map(|t| {
+            t.top_k
+                .map_or(self.inner.truncation_logprobs, |k| {
+                    u32::try_from(k).unwrap_or(u32::MAX)
+                })
+                .min(self.inner.truncation_logprobs)
+        });
         let wire = WireGenerate {
             input_ids: &request.input_ids,
             sampling_params: WireSampling {
@@ -438,6 +560,7 @@ impl InferenceEngine for SglangEngine {
                 no_stop_trim: true,
             },
             return_logprob: true,
+            top_logprobs_num,
             stream: self.inner.stream,
             image_data: &request.images,
         };
@@ -458,6 +581,7 @@ impl InferenceEngine for SglangEngine {
                 emitted: 0,
                 fallback_version: self.inner.version.load(Ordering::Relaxed),
                 finished: false,
+                truncation,
             },
             streaming: self.inner.stream,
         };

@@ -129,6 +129,14 @@ pub(crate) async fn get(
     }
 }
 
+fn decimal(v: f32) -> Value {
+    v.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
 /// What the response object echoes of its request.
 struct Echo {
     model: String,
@@ -166,7 +174,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Re
         Some(k) if k > 0 => u32::try_from(k).ok(),
         _ => None,
     };
-    let echo = Echo {
+    let mut echo = Echo {
         model: model.unwrap_or_else(|| state.model_name().to_string()),
         instructions: instructions.clone().unwrap_or(Value::Null),
         max_output_tokens: max_output_tokens.map_or(Value::Null, Value::from),
@@ -233,6 +241,10 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Re
     };
     warn_ignored(&map, "responses");
     let prepared = generation::prepare(state, &session, generation_input, "resp_")?;
+    // The response object reports the values the output was sampled at (the run's defaults or override
+    // included), written as the shortest decimal of the f32 so that 0.6 reads back as 0.6.
+    echo.temperature = decimal(prepared.sampling().temperature);
+    echo.top_p = decimal(prepared.sampling().top_p);
     let generation = Generation::start(prepared, "call_");
     let keep = store.then(|| Keep {
         state: state.clone(),

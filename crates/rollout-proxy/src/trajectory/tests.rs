@@ -20,6 +20,7 @@ fn interaction(
         output: output.into(),
         logprobs: output.iter().map(|t| -(*t as f32) / 100.0).collect(),
         versions: encode_versions(output.iter().map(|t| t % 2)),
+        sampling: TokenSampling::NEUTRAL,
         input_key,
         chain_key,
         stop_token: None,
@@ -135,4 +136,63 @@ fn versions_are_run_length_encoded() {
         (0..6).map(|i| it.version_at(i)).collect::<Vec<_>>(),
         vec![3, 3, 3, 4, 4, 3]
     );
+}
+
+#[test]
+fn a_concat_export_carries_each_turns_sampling_per_token() {
+    let at = |temperature: f32, top_p: f32, top_k: Option<u32>| {
+        TokenSampling::of(&SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            ..SamplingParams::default()
+        })
+    };
+    let mut t = Trajectory::default();
+    t.push(Interaction {
+        sampling: at(0.6, 1.0, None),
+        ..interaction("a", None, &[1, 2], &[3, 4], 10, 11)
+    });
+    t.push(Interaction {
+        sampling: at(1.3, 0.9, Some(20)),
+        ..interaction("b", Some(0), &[5], &[6], 20, 21)
+    });
+    t.push(Interaction {
+        sampling: at(0.0, 0.5, Some(3)),
+        ..interaction("c", Some(1), &[7], &[8, 9], 30, 31)
+    });
+    let options = ExportOptions {
+        style: ExportStyle::Concat,
+        ..ExportOptions::default()
+    };
+    let out = t.export("s", &json!({}), &options);
+    assert_eq!(out.len(), 1);
+    let e = &out[0];
+    assert_eq!(e.token_ids, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(e.temperatures, vec![1.0, 1.0, 0.6, 0.6, 1.0, 1.3, 1.0, 1.0, 1.0]);
+    assert_eq!(e.top_ps, vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 1.0, 1.0, 1.0]);
+    assert_eq!(e.top_ks, vec![0, 0, 0, 0, 0, 20, 0, 0, 0]);
+    assert_eq!(
+        e.truncated,
+        vec![0, 0, 0, 0, 0, 1, 0, 0, 0],
+        "greedy tokens are untruncated"
+    );
+    let individual = t.export("s", &json!({}), &ExportOptions::default());
+    assert_eq!(
+        individual[2].temperatures, e.temperatures,
+        "earlier turns keep their values where an individual export does not train on them"
+    );
+}
+
+#[test]
+fn old_records_without_sampling_still_read() {
+    let out = tree().export("s", &json!({}), &ExportOptions::default());
+    let mut value = serde_json::to_value(&out[0]).expect("serialises");
+    let map = value.as_object_mut().expect("an object");
+    for field in ["temperatures", "top_ps", "top_ks", "truncated"] {
+        assert!(map.remove(field).is_some(), "{field} is written");
+    }
+    let old: ExportedTrajectory = serde_json::from_value(value).expect("an old record reads");
+    assert!(old.temperatures.is_empty() && old.truncated.is_empty());
+    assert_eq!(old.token_ids, out[0].token_ids);
 }

@@ -13,5 +13,6 @@ mod multiturn;
 mod openai_sdk;
 mod openmetrics;
 mod responses;
+mod sampling;
 mod sessions;
 mod sglang;

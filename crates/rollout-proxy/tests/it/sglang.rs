@@ -182,3 +182,131 @@ async fn the_proxy_serves_chat_through_sglang() {
     }
     assert_eq!(exported.trajectories.len(), 2);
 }
+
+/// Runs one generation with `sampling` on `engine`; answers the logprobs.
+async fn logprobs_of(engine: &dyn InferenceEngine, sampling: SamplingParams) -> Vec<f32> {
+    let mut stream = engine.generate(GenerateRequest {
+        input_ids: vec![1, 2].into(),
+        sampling,
+        images: Vec::new(),
+    });
+    let mut out = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event.expect("no error") {
+            EngineEvent::Token(t) => out.push(t.logprob),
+            EngineEvent::Finished(_) => return out,
+        }
+    }
+    panic!("the stream ended without a finish");
+}
+
+#[tokio::test]
+async fn sglang_engine_renormalises_truncated_sampling_over_the_kept_tokens() {
+    // Like SGLang: tempered, untruncated logprobs, and the top ones when asked for. Token 11 has
+    // probability 0.5 and token 13 0.3, among tokens of 0.5, 0.3, 0.2.
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::<serde_json::Value>::new()));
+    let seen = bodies.clone();
+    let app = axum::Router::new().route(
+        "/generate",
+        post(move |body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let request: serde_json::Value = serde_json::from_slice(&body).expect("json body");
+                let asked = request["top_logprobs_num"].as_u64().unwrap_or(0) as usize;
+                seen.lock().expect("lock").push(request);
+                let top: Vec<_> = [(0.5f64, 11), (0.3, 13), (0.2, 12)]
+                    .iter()
+                    .take(asked)
+                    .map(|(p, id)| json!([p.ln(), id, null]))
+                    .collect();
+                let mut meta = json!({"completion_tokens": 2, "finish_reason": {"type": "length"},
+                    "output_token_logprobs": [[0.5f64.ln(), 11, null], [0.3f64.ln(), 13, null]]});
+                if asked > 0 {
+                    meta["output_top_logprobs"] = json!([top, top]);
+                }
+                let chunk = json!({"output_ids": [11, 13], "meta_info": meta});
+                (
+                    [("content-type", "text/event-stream")],
+                    format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+                )
+            }
+        }),
+    );
+    let server = ProxyServer::serve_router("127.0.0.1:0".parse().expect("addr"), app)
+        .await
+        .expect("listens");
+    let mut config = SglangConfig::new(format!("http://{}", server.local_addr()));
+    config.max_context_len = Some(100);
+    let engine = SglangEngine::connect(config).await.expect("connects");
+    let sampling = |temperature: f32, top_p: f32, top_k: Option<u32>| SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens: 2,
+        ..SamplingParams::default()
+    };
+    let close = |got: Vec<f32>, expect: [f64; 2]| {
+        assert_eq!(got.len(), 2);
+        for (g, e) in got.iter().zip(expect) {
+            assert!((f64::from(*g) - e).abs() < 1e-6, "{got:?} vs {expect:?}");
+        }
+    };
+    // Untruncated: SGLang's values as they are, and no top logprobs asked for.
+    close(
+        logprobs_of(&engine, sampling(0.7, 1.0, None)).await,
+        [0.5f64.ln(), 0.3f64.ln()],
+    );
+    // top-p 0.6 keeps 0.5 and 0.3 (the mass before the 0.3 is 0.5 <= 0.6): renormalised by 0.8.
+    close(
+        logprobs_of(&engine, sampling(0.7, 0.6, None)).await,
+        [(0.5f64 / 0.8).ln(), (0.3f64 / 0.8).ln()],
+    );
+    // top-k 3 keeps everything seen: renormalised by 1.
+    close(
+        logprobs_of(&engine, sampling(1.3, 1.0, Some(3))).await,
+        [0.5f64.ln(), 0.3f64.ln()],
+    );
+    // Greedy is recorded untruncated whatever top-p says.
+    close(
+        logprobs_of(&engine, sampling(0.0, 0.5, None)).await,
+        [0.5f64.ln(), 0.3f64.ln()],
+    );
+    let asked: Vec<serde_json::Value> = bodies
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|b| b["top_logprobs_num"].clone())
+        .collect();
+    assert_eq!(asked, vec![json!(null), json!(64), json!(3), json!(null)]);
+}
+
+#[tokio::test]
+async fn logprobs_served_by_generate_router_are_not_renormalised_again() {
+    let fake = Arc::new(FakeEngine::new(rollout_proxy::FakeEngineConfig {
+        output_len: 12,
+        max_context_len: 1000,
+        ..Default::default()
+    }));
+    let server = upstream(fake.clone()).await;
+    let engine = SglangEngine::connect(SglangConfig::new(format!("http://{}", server.local_addr())))
+        .await
+        .expect("connects");
+    let got = logprobs_of(
+        &engine,
+        SamplingParams {
+            temperature: 0.6,
+            top_p: 0.9,
+            top_k: Some(20),
+            max_new_tokens: 12,
+            ..SamplingParams::default()
+        },
+    )
+    .await;
+    let sampled: Vec<f32> = fake.outputs()[0].iter().map(|t| t.logprob).collect();
+    assert_eq!(got, sampled, "the engine's own logprobs, exactly");
+    let asked = &fake.requests()[0].sampling;
+    assert_eq!(
+        (asked.temperature, asked.top_p, asked.top_k),
+        (0.6, 0.9, Some(20))
+    );
+}

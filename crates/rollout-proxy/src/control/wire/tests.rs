@@ -57,7 +57,8 @@ fn every_type_round_trips_its_json() {
         "trajectories": [{
             "session_id": "s-1", "interaction_id": "chatcmpl-1", "interaction_ids": ["chatcmpl-1"],
             "token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [0.0, -0.185, -1.099],
-            "versions": [-1, 0, 0], "prompt_len": 1, "reward": 1.0, "original_reward": 1.0,
+            "versions": [-1, 0, 0], "temperatures": [1.0, 0.6, 0.6], "top_ps": [1.0, 0.9, 0.9],
+            "top_ks": [0, 0, 0], "truncated": [0, 1, 1], "prompt_len": 1, "reward": 1.0, "original_reward": 1.0,
             "finish_reason": "stop", "metadata": {"row": 7},
         }],
     }));
