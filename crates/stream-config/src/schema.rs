@@ -421,7 +421,10 @@ pub(crate) fn check_device(device: &str, path: KeyPath, c: &mut Collector) -> bo
             .strip_prefix("cuda:")
             .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
     if device != "cpu" && !cuda {
-        c.push(path, format!("{device:?} is not a device: expected cpu, cuda or cuda:N"));
+        c.push(
+            path,
+            format!("{device:?} is not a device: expected cpu, cuda or cuda:N"),
+        );
     }
     cuda
 }

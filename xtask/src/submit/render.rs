@@ -104,7 +104,11 @@ pub(crate) fn device_overrides(p: &Placement) -> Vec<String> {
 
 /// The device of each `serve-policy` replica: its first visible GPU, or the CPU when it has none.
 fn server_device(l: &Launch) -> &'static str {
-    if l.placement.gpus_per_replica > 0 { "cuda" } else { "cpu" }
+    if l.placement.gpus_per_replica > 0 {
+        "cuda"
+    } else {
+        "cpu"
+    }
 }
 
 fn common(l: &Launch) -> Vec<(&'static str, String)> {

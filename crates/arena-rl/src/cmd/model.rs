@@ -93,15 +93,22 @@ fn estimate(args: &EstimateArgs) -> Result<()> {
                 short.eq_ignore_ascii_case(shape) || s.name.eq_ignore_ascii_case(shape)
             });
             let Some(found) = found else {
-                let names: Vec<&str> = SHAPES.iter().map(|s| s.name.rsplit('/').next().unwrap_or(s.name)).collect();
+                let names: Vec<&str> = SHAPES
+                    .iter()
+                    .map(|s| s.name.rsplit('/').next().unwrap_or(s.name))
+                    .collect();
                 bail!("--shape {shape:?} is not one of {}", names.join(", "));
             };
             (found.name.to_string(), found.config())
         }
         (None, Some(dir)) => {
             let path = dir.join("config.json");
-            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            (dir.display().to_string(), trainer::ModelConfig::from_json_str(&text, &path)?)
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            (
+                dir.display().to_string(),
+                trainer::ModelConfig::from_json_str(&text, &path)?,
+            )
         }
         (None, None) => bail!("give --shape or --model"),
     };

@@ -41,5 +41,9 @@ fn shuffled_epochs_cover_every_row_once_and_differ() {
     sorted.sort_unstable();
     assert_eq!(sorted, (0..12).collect::<Vec<_>>());
     assert_ne!(first, second, "a new shuffle each epoch");
-    assert_eq!(cursor.step_indices(4), RowCursor::new(12, 4, true, false, 7).step_indices(4), "deterministic");
+    assert_eq!(
+        cursor.step_indices(4),
+        RowCursor::new(12, 4, true, false, 7).step_indices(4),
+        "deterministic"
+    );
 }

@@ -78,7 +78,13 @@ impl Run {
             "{}/{}",
             self.config.experiment_name, self.config.trial_name
         ));
-        RowCursor::new(self.rows.len(), d.batch_size as usize, d.shuffle, d.drop_last, seed)
+        RowCursor::new(
+            self.rows.len(),
+            d.batch_size as usize,
+            d.shuffle,
+            d.drop_last,
+            seed,
+        )
     }
 
     /// The rows each evaluation rolls out: the first batch of `valid_dataset` (one row without it).

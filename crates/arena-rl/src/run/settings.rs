@@ -78,7 +78,23 @@ pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig 
     };
     proxy.export_wait_timeout = config.proxy.export_wait_timeout_seconds.duration();
     proxy.default_max_new_tokens = Some(config.gconfig.max_new_tokens);
+    proxy.sampling = sampling_defaults(config);
+    proxy.harness_sampling = match config.gconfig.harness_sampling {
+        stream_config::HarnessSampling::Honour => rollout_proxy::HarnessSampling::Honour,
+        stream_config::HarnessSampling::Override => rollout_proxy::HarnessSampling::Override,
+    };
     proxy
+}
+
+/// The run's sampling (`gconfig.temperature`, `top_p`, `top_k`): what fills a harness request's omissions,
+/// or replaces its values under `gconfig.harness_sampling: override`.
+pub fn sampling_defaults(config: &RunConfig) -> rollout_proxy::SamplingDefaults {
+    let g = &config.gconfig;
+    rollout_proxy::SamplingDefaults {
+        temperature: Some(g.temperature as f32),
+        top_p: Some(g.top_p as f32),
+        top_k: g.top_k_limit(),
+    }
 }
 
 /// `proxy.export_style` as the proxy's own type.

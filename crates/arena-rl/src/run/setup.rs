@@ -301,7 +301,11 @@ async fn worker_rows(
             rows.len()
         )));
     }
-    let tail = if drop_last { rows.len() % batch_size.max(1) } else { 0 };
+    let tail = if drop_last {
+        rows.len() % batch_size.max(1)
+    } else {
+        0
+    };
     if tail > 0 {
         tracing::warn!(
             rows = rows.len(),

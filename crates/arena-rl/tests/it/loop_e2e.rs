@@ -497,7 +497,11 @@ async fn drop_last_decides_whether_the_tail_is_rolled_out() {
             .unwrap();
         let (steps, last) = if drop_last { (1, batch) } else { (2, 1) };
         // One pass over the rows (the default of `actor.total_train_steps`, which the quickstart config sets).
-        assert_eq!(run.train_cursor().batches_per_epoch(), steps, "drop_last={drop_last}");
+        assert_eq!(
+            run.train_cursor().batches_per_epoch(),
+            steps,
+            "drop_last={drop_last}"
+        );
         let collected = run
             .collect(steps - 1, reward_routing::Scope::Rollout, &Default::default())
             .await

@@ -1,4 +1,4 @@
-//! `arena-rl model score` and `arena-rl model generate`, run as a user runs them.
+//! `arena-rl model score`, `generate` and `estimate`, and the device a run's policy and trainer ask for, run as a user runs them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -197,4 +197,70 @@ fn generate_answers_a_chat_prompt_with_smollm2() {
     assert!(out.status.success(), "{}", stderr(&out));
     let answer = String::from_utf8_lossy(&out.stdout);
     assert!(answer.contains("Paris"), "answer: {answer}");
+}
+
+#[test]
+fn estimate_prints_a_published_shape_and_a_model_folder() {
+    let out = arena_rl(&["model", "estimate", "--shape", "Qwen3-4B", "--tokens", "8192"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.starts_with("Qwen/Qwen3-4B: 4.0"), "{text}");
+    assert!(text.contains("AdamW moments"), "{text}");
+    assert!(
+        text.contains("one step of 8192 tokens") && text.contains("with layer recompute"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let out = arena_rl(&["model", "estimate", "--model", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = arena_rl(&["model", "estimate", "--shape", "gpt-5"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--shape \"gpt-5\" is not one of"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A CPU-only build asked for CUDA answers one line naming the setting, before anything is loaded.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_cpu_only_build_asked_for_cuda_says_so_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let out = arena_rl(&[
+        "serve-policy",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--port",
+        "0",
+        "--device",
+        "cuda:1",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("--device cuda:1") && err.contains("no `cuda` feature"),
+        "{err}"
+    );
+    let config: stream_config::RunConfig = stream_config::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\nmodel:\n  device: cuda\nactor:\n  device: cuda:1\n",
+        &[],
+        &stream_config::Env::default(),
+    )
+    .unwrap();
+    let policy = arena_rl::run::settings::policy_device(&config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        policy.starts_with("model.device \"cuda\": ") && policy.contains("no `cuda` feature"),
+        "{policy}"
+    );
+    let trainer = arena_rl::run::settings::trainer_options(&config)
+        .unwrap_err()
+        .to_string();
+    assert!(trainer.starts_with("actor.device \"cuda:1\": "), "{trainer}");
+    assert!(!policy.contains('\n') && !trainer.contains('\n'));
 }

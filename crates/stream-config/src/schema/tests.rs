@@ -490,8 +490,13 @@ fn temperature_and_top_p_refuse_what_sampling_cannot_use() {
 
 #[test]
 fn model_device_defaults_to_the_cpu_and_names_a_bad_value() {
-    let c = crate::load_run_config_str("run.yaml", "experiment_name: e\ntrial_name: t\n", &[], &Env::default())
-        .unwrap();
+    let c = crate::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\n",
+        &[],
+        &Env::default(),
+    )
+    .unwrap();
     assert_eq!(c.model.device, "cpu");
     let c = crate::load_run_config_str(
         "run.yaml",
@@ -503,8 +508,13 @@ fn model_device_defaults_to_the_cpu_and_names_a_bad_value() {
     assert_eq!(c.model.device, "cuda:2");
     let problems = loop_problems(&["model.device=gpu0", "actor.device=cuda:"]);
     assert!(
-        problems.iter().any(|p| p.contains("model.device") && p.contains("\"gpu0\" is not a device")),
+        problems
+            .iter()
+            .any(|p| p.contains("model.device") && p.contains("\"gpu0\" is not a device")),
         "{problems:?}"
     );
-    assert!(problems.iter().any(|p| p.contains("actor.device")), "{problems:?}");
+    assert!(
+        problems.iter().any(|p| p.contains("actor.device")),
+        "{problems:?}"
+    );
 }
