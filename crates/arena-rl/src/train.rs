@@ -31,6 +31,9 @@ pub struct TrainSample {
     pub logprobs: Vec<f32>,
     /// The policy version that sampled each token, -1 elsewhere.
     pub versions: Vec<i64>,
+    /// The temperature each token was sampled at (1 for greedy and prompt tokens; empty in records from
+    /// before the proxy exported it).
+    pub temperatures: Vec<f32>,
     /// The sample's advantage, broadcast over its sampled tokens.
     pub advantage: f64,
     /// The sample's raw reward (before normalisation).
@@ -147,6 +150,7 @@ pub fn build_batch(reward: &RewardConfig, groups: &[(Group, &[RolloutRecord])]) 
                     loss_mask: t.loss_mask.clone(),
                     logprobs: t.logprobs.clone(),
                     versions: t.versions.clone(),
+                    temperatures: t.temperatures.clone(),
                     advantage: a.advantage,
                     raw_reward: a.raw_reward,
                 });

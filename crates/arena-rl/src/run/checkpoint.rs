@@ -101,3 +101,6 @@ pub(crate) fn check_resume(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

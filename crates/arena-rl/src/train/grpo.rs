@@ -38,6 +38,8 @@ pub struct GrpoStep {
     trainer: Option<Trainer>,
     /// Steps in a row that had no trainable group.
     skipped_in_a_row: u64,
+    /// The off-temperature warning was given.
+    warned_temperature: bool,
 }
 
 /// Whether the `n`th skipped step in a row deserves a warning: at 10, 100, 1000... in a row. A single
@@ -69,6 +71,7 @@ impl GrpoStep {
             publish,
             trainer: None,
             skipped_in_a_row: 0,
+            warned_temperature: false,
         })
     }
 
@@ -117,6 +120,31 @@ impl GrpoStep {
             Publish::InMemory => NewWeights::InMemory(trainer.weights()),
             Publish::OnDisk { dir, keep } => NewWeights::OnDisk(self.publish_to_disk(trainer, dir, *keep)?),
         })
+    }
+}
+
+/// The share of trained tokens sampled at another temperature than `temperature` (greedy tokens count as
+/// temperature 1, as they are recorded); 0 for records that carry no temperatures.
+pub(crate) fn off_temperature_share(batch: &TrainBatch, temperature: f64) -> f64 {
+    let (mut trained, mut off) = (0u64, 0u64);
+    for s in &batch.samples {
+        for (i, &m) in s.loss_mask.iter().enumerate().skip(1) {
+            if m == 0 {
+                continue;
+            }
+            trained += 1;
+            if s.temperatures
+                .get(i)
+                .is_some_and(|&t| (f64::from(t) - temperature).abs() > 1e-6)
+            {
+                off += 1;
+            }
+        }
+    }
+    if trained == 0 {
+        0.0
+    } else {
+        off as f64 / trained as f64
     }
 }
 
@@ -188,14 +216,28 @@ impl TrainStep for GrpoStep {
             });
         }
         self.skipped_in_a_row = 0;
+        let off = off_temperature_share(batch, self.config.ppo.temperature);
+        if off > 0.0 && !self.warned_temperature {
+            self.warned_temperature = true;
+            tracing::warn!(
+                step,
+                share = off,
+                temperature = self.config.ppo.temperature,
+                "some trained tokens were sampled at another temperature than gconfig.temperature, which the \
+                 trainer scores every token at; set gconfig.harness_sampling: override to sample every token \
+                 at gconfig.temperature (train/off_temperature_tokens is the share per step)"
+            );
+        }
         let rl = to_rl_batch(batch);
         let stats = self
             .trainer()?
             .grpo_step(&rl)
             .with_context(|| format!("GRPO step {step}"))?;
         tracing::debug!(step, loss = stats.loss, grad_norm = stats.grad_norm, "GRPO step");
+        let mut metrics = stats.records("train/");
+        metrics.push(("train/off_temperature_tokens".to_string(), off));
         Ok(StepOutput {
-            metrics: stats.records("train/"),
+            metrics,
             weights: self.weights_out()?,
         })
     }
@@ -221,7 +263,33 @@ fn not_begun() -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::warn_after_skips;
+    use super::{TrainBatch, off_temperature_share, warn_after_skips};
+    use crate::train::TrainSample;
+
+    #[test]
+    fn tokens_sampled_at_another_temperature_are_counted() {
+        let sample = |temperatures: Vec<f32>| TrainSample {
+            key: crate::journal::SampleKey {
+                eval: false,
+                step: 0,
+                group: 0,
+                sample: 0,
+            },
+            token_ids: vec![1, 2, 3, 4, 5],
+            loss_mask: vec![0, 0, 1, 1, 1],
+            logprobs: vec![0.0; 5],
+            versions: vec![-1, -1, 0, 0, 0],
+            temperatures,
+            advantage: 1.0,
+            raw_reward: 1.0,
+        };
+        let batch = TrainBatch {
+            samples: vec![sample(vec![1.0, 1.0, 0.7, 0.7, 1.0]), sample(Vec::new())],
+            ..TrainBatch::default()
+        };
+        assert!((off_temperature_share(&batch, 1.0) - 2.0 / 6.0).abs() < 1e-12);
+        assert!((off_temperature_share(&batch, 0.7) - 1.0 / 6.0).abs() < 1e-12);
+    }
 
     #[test]
     fn skipped_steps_warn_at_powers_of_ten_only() {

@@ -43,6 +43,7 @@ fn sample(i: u32, advantage: f64) -> TrainSample {
         token_ids: tokens,
         advantage,
         raw_reward: advantage.max(0.0),
+        temperatures: Vec::new(),
     }
 }
 
