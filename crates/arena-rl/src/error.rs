@@ -100,7 +100,7 @@ pub enum Error {
     },
     /// The rollout proxy's control endpoints failed.
     #[error("{0}")]
-    Control(#[from] crate::proxy_ctl::ControlError),
+    Control(#[from] crate::proxy_control::ControlError),
     /// A file system operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -240,7 +240,7 @@ impl WithContext for reqwest::Error {
     }
 }
 
-impl WithContext for crate::proxy_ctl::ControlError {
+impl WithContext for crate::proxy_control::ControlError {
     fn in_context(self, context: String) -> Error {
         Error::from(self).in_context(context)
     }

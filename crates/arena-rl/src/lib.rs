@@ -24,7 +24,7 @@ pub mod error;
 pub mod journal;
 pub mod observe;
 pub mod pool;
-pub mod proxy_ctl;
+pub mod proxy_control;
 pub mod quickstart;
 pub mod resolve;
 pub mod run;

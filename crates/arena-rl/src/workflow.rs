@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::{Context as _, Result};
 use crate::journal::{Entry, Journal, RolloutRecord, SampleKey, Verdict};
-use crate::proxy_ctl::ProxyControl;
+use crate::proxy_control::ProxyControl;
 use crate::resolve::{PromptRow, ResolvedStream};
 
 mod hooks;

@@ -1,8 +1,8 @@
 //! The wire protocols served on the generation core, and what they share: reading a JSON body field by
 //! field with clear errors, and turning messages into the core's normalised form.
 
+pub(crate) mod anthropic;
 pub(crate) mod chat;
-pub(crate) mod messages;
 pub(crate) mod responses;
 
 use std::sync::Arc;

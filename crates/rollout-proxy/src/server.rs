@@ -365,13 +365,13 @@ pub fn router(state: ProxyState) -> Router {
         .route("/export_trajectories", post(control::export_trajectories))
         .route("/chat/completions", post(protocol::chat::handler))
         .route("/v1/chat/completions", post(protocol::chat::handler))
-        .route("/v1/messages", post(protocol::messages::handler))
-        .route("/messages", post(protocol::messages::handler))
+        .route("/v1/messages", post(protocol::anthropic::handler))
+        .route("/messages", post(protocol::anthropic::handler))
         .route(
             "/v1/messages/count_tokens",
-            post(protocol::messages::count_tokens),
+            post(protocol::anthropic::count_tokens),
         )
-        .route("/messages/count_tokens", post(protocol::messages::count_tokens))
+        .route("/messages/count_tokens", post(protocol::anthropic::count_tokens))
         .route("/v1/responses", post(protocol::responses::handler))
         .route("/responses", post(protocol::responses::handler))
         .route("/v1/responses/{id}", get(protocol::responses::get))

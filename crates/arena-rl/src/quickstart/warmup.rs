@@ -33,7 +33,7 @@ use trainer::{
 use super::WarmupSettings;
 use super::policy::{PolicySpec, Segment, conversation, segments};
 use crate::observe::phase_bar;
-use crate::proxy_ctl::ProxyControl;
+use crate::proxy_control::ProxyControl;
 
 /// One supervised sequence: the tokens of a whole conversation and which of them the loss covers.
 #[derive(Debug, Clone, PartialEq, Eq)]

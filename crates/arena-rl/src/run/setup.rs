@@ -20,7 +20,7 @@ use super::serving::{EngineHandle, build_engine};
 use super::settings;
 use crate::error::{Context as _, Error, Result};
 use crate::journal::{Entry, Journal, JournalState};
-use crate::proxy_ctl::ProxyControl;
+use crate::proxy_control::ProxyControl;
 use crate::resolve::{PromptRow, ResolvedStream, load_rows, resolve_streams};
 use crate::train::TrainStep;
 use crate::workflow::Workflow;

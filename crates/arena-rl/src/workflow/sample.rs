@@ -14,7 +14,7 @@ use super::Workflow;
 use super::hooks::{JournalHooks, lifecycle_metrics};
 use crate::error::Result;
 use crate::journal::{Entry, RolloutRecord, SampleKey, Verdict};
-use crate::proxy_ctl::Session;
+use crate::proxy_control::Session;
 use crate::resolve::{PromptRow, ResolvedStream};
 use rollout_proxy::control::wire::EndSessionReply;
 

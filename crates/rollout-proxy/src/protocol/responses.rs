@@ -138,7 +138,7 @@ fn decimal(v: f32) -> Value {
 }
 
 /// What the response object echoes of its request.
-struct Echo {
+struct RequestEcho {
     model: String,
     instructions: Value,
     max_output_tokens: Value,
@@ -174,7 +174,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Re
         Some(k) if k > 0 => u32::try_from(k).ok(),
         _ => None,
     };
-    let mut echo = Echo {
+    let mut echo = RequestEcho {
         model: model.unwrap_or_else(|| state.model_name().to_string()),
         instructions: instructions.clone().unwrap_or(Value::Null),
         max_output_tokens: max_output_tokens.map_or(Value::Null, Value::from),
@@ -246,7 +246,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Re
     echo.temperature = decimal(prepared.sampling().temperature);
     echo.top_p = decimal(prepared.sampling().top_p);
     let generation = Generation::start(prepared, "call_");
-    let keep = store.then(|| Keep {
+    let keep = store.then(|| PendingStore {
         state: state.clone(),
         session,
         previous: previous.map(String::into_boxed_str),
@@ -277,15 +277,15 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Re
     Ok(axum::Json(&response).into_response())
 }
 
-/// What to store of a response once it is complete.
-struct Keep {
+/// What to store of a response once it is complete (`store: true`).
+struct PendingStore {
     state: ProxyState,
     session: Arc<str>,
     previous: Option<Box<str>>,
     input: Vec<Value>,
 }
 
-impl Keep {
+impl PendingStore {
     fn store(self, summary: &Summary, response: &ResponseObject<'_>) {
         let response = serde_json::to_value(response).unwrap_or_default();
         let mut store = self.state.store();
@@ -584,7 +584,7 @@ struct ResponseEvent<'a> {
 
 /// The response object; `summary` is `None` while it is in progress.
 fn response_object<'a>(
-    echo: &'a Echo,
+    echo: &'a RequestEcho,
     id: &'a str,
     created: u64,
     output: &'a [Value],
@@ -639,13 +639,13 @@ struct OpenItem {
 /// output is parsed, and closes with the matching `.done` events; the stream ends with
 /// `response.completed` (`response.incomplete` at the token limit) holding the whole response.
 struct ResponsesStream {
-    echo: Echo,
+    echo: RequestEcho,
     id: String,
     created: u64,
     sequence: u64,
     output: Vec<Value>,
     open: Option<OpenItem>,
-    keep: Option<Keep>,
+    keep: Option<PendingStore>,
 }
 
 #[derive(Serialize)]
