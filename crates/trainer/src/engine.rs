@@ -83,7 +83,7 @@ impl<B: Backend> Engine<B> {
     ) -> Self {
         Self {
             rope: RopeTable::new(&config),
-            model: crate::cpu::for_inference(model),
+            model: crate::inference_cpu::for_inference(model),
             config,
             device,
             shared,
@@ -159,7 +159,7 @@ impl<B: Backend> Engine<B> {
                 );
                 let result = match weights.check_against(&self.config) {
                     Ok(()) => {
-                        self.model = crate::cpu::for_inference(
+                        self.model = crate::inference_cpu::for_inference(
                             model
                                 .load_weights(&self.config, &weights)
                                 .expect("weights were checked against the config just above"),
@@ -464,7 +464,7 @@ fn assemble<B: Backend>(
             .iter()
             .map(|(c, cols, at)| (pick(&c.layers[i]), cols.clone(), *at))
             .collect();
-        crate::cpu::assemble(&pieces, capacity).unwrap_or_else(|| {
+        crate::inference_cpu::assemble(&pieces, capacity).unwrap_or_else(|| {
             let placed = pieces
                 .into_iter()
                 .map(|(t, cols, at)| {
@@ -505,7 +505,7 @@ fn select_rows<B: Backend>(cache: KvCache<B>, rows: &[usize], device: &B::Device
 }
 
 fn to_f32_vec<const D: usize, B: Backend>(t: Tensor<B, D>) -> Vec<f32> {
-    crate::cpu::host_f32(t)
+    crate::inference_cpu::host_f32(t)
 }
 
 /// A seed for requests that bring none.

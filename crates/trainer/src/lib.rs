@@ -30,10 +30,11 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
-mod cpu;
+mod cpu_math;
 mod engine;
 pub mod error;
 pub mod estimate;
+mod inference_cpu;
 pub mod model;
 pub mod optim;
 pub mod policy;

@@ -47,9 +47,9 @@ impl<B: Backend> HfLinear<B> {
 /// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`, computed as `(W x^T)^T`: burn-ndarray's matmul copies a
 /// right-hand side that is not in standard layout, and copying the small activation is far cheaper than
 /// copying the weight matrix on every call.
-/// The plain CPU backend takes a faster path (see `cpu.rs`).
+/// The plain CPU backend takes a faster path (see `inference_cpu.rs`).
 fn project<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
-    if let Some(y) = crate::cpu::project(&x, &w) {
+    if let Some(y) = crate::inference_cpu::project(&x, &w) {
         return y;
     }
     w.matmul(x.transpose()).transpose()
@@ -66,7 +66,7 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        if let Some(y) = crate::cpu::rms_norm(&x, &self.weight.val(), self.eps) {
+        if let Some(y) = crate::inference_cpu::rms_norm(&x, &self.weight.val(), self.eps) {
             return y;
         }
         let ms = (x.clone() * x.clone()).mean_dim(D - 1);
@@ -208,7 +208,7 @@ impl<B: Backend> KvCache<B> {
     /// An empty cache of `capacity` zeroed columns.
     pub fn new(config: &ModelConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
         let shape = [batch, config.num_key_value_heads, capacity, config.head_dim];
-        let zeros = || crate::cpu::zeros(shape).unwrap_or_else(|| Tensor::zeros(shape, device));
+        let zeros = || crate::inference_cpu::zeros(shape).unwrap_or_else(|| Tensor::zeros(shape, device));
         Self {
             layers: (0..config.num_hidden_layers)
                 .map(|_| LayerKv {
@@ -249,8 +249,8 @@ impl<B: Backend> Attention<B> {
             _ => (q, k),
         };
         let (q, k) = match (
-            crate::cpu::rope(&q, &input.cos, &input.sin),
-            crate::cpu::rope(&k, &input.cos, &input.sin),
+            crate::inference_cpu::rope(&q, &input.cos, &input.sin),
+            crate::inference_cpu::rope(&k, &input.cos, &input.sin),
         ) {
             // The CPU kernels rotate `[batch, len, heads, d]` in place of layout; moving the heads forward
             // is then a stride change that the attention kernel reads as is.
@@ -278,7 +278,7 @@ impl<B: Backend> Attention<B> {
         };
         let scale = 1.0 / (d as f64).sqrt();
         // The CPU kernel reads the cache's first `keys` columns in place; burn's `slice` would copy them.
-        if let Some(out) = crate::cpu::attention(&q, &k, &v, &input.bias, scale as f32) {
+        if let Some(out) = crate::inference_cpu::attention(&q, &k, &v, &input.bias, scale as f32) {
             return self
                 .o_proj
                 .forward(out.swap_dims(1, 2).reshape([batch, len, nh * d]));
@@ -317,7 +317,7 @@ impl<B: Backend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let gate = self.gate_proj.forward(x.clone());
         let up = self.up_proj.forward(x);
-        if let Some(h) = crate::cpu::swiglu(&gate, &up) {
+        if let Some(h) = crate::inference_cpu::swiglu(&gate, &up) {
             return self.down_proj.forward(h);
         }
         // x * sigmoid(x) as one division; burn's generic sigmoid takes four transcendental passes.

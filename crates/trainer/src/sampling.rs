@@ -4,7 +4,7 @@
 //! The generator is SplitMix64, written out here so that a seed means the same tokens on every platform and
 //! release, and so that its whole state is one `u64` that a checkpoint can store.
 
-use crate::train::cpu::math::{fast_exp, simd_fn};
+use crate::cpu_math::{fast_exp, simd_fn};
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@
 //! the backward pass; so under `Autodiff<B>` each operation is one node ([`logp_autodiff`],
 //! [`attention_autodiff`]) whose forward pass runs on the inner backend and whose backward pass recomputes
 //! each chunk with inner-backend operations. These are the kernels of every backend but the CPU's (CUDA, and
-//! the `f64` gradient checks); the CPU kernels do the same in `train/cpu/math.rs`.
+//! the `f64` gradient checks); the CPU kernels do the same in `cpu_math.rs`.
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 use crate::model::MASKED;
 use crate::train::kernels::{host_tensor, mm};
-use crate::train::pack::Run;
+use crate::train::pack::SegmentRun;
 
 /// The row ranges of `n` rows in chunks of `chunk` (the last one ragged).
 pub(crate) fn ranges(n: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
@@ -154,7 +154,7 @@ fn run_views<B: Backend>(
     q: &Tensor<B, 3>,
     k: &Tensor<B, 3>,
     v: &Tensor<B, 3>,
-    run: &Run,
+    run: &SegmentRun,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
     let [_, nh, d] = q.dims();
     let nkv = k.dims()[1];
@@ -205,7 +205,7 @@ pub(crate) fn attention_forward<B: Backend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     scale: f64,
     autocast: bool,
     block: usize,
@@ -249,7 +249,7 @@ pub(crate) struct AttnSaved<B: Backend> {
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
     lse: Vec<Tensor<B, 5>>,
-    runs: Arc<Vec<Run>>,
+    runs: Arc<Vec<SegmentRun>>,
     scale: f64,
     autocast: bool,
     block: usize,
@@ -401,7 +401,7 @@ pub(crate) fn attention_autodiff<B: Backend>(
     q: Tensor<Autodiff<B>, 3>,
     k: Tensor<Autodiff<B>, 3>,
     v: Tensor<Autodiff<B>, 3>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     scale: f64,
     autocast: bool,
     block: usize,

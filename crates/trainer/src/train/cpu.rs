@@ -3,12 +3,11 @@
 //!
 //! Each node keeps what its backward pass reads (its inputs; attention and the output projection add only
 //! one log-sum-exp per row and head, and recompute their probabilities block by block and chunk by chunk),
-//! computes with the array kernels of `cpu/math.rs`, and registers the gradients of the parents that require
+//! computes with the array kernels of `crate::cpu_math`, and registers the gradients of the parents that require
 //! them. With layer recompute a whole decoder layer is one node (`cpu/layer.rs`). Tests compare every kernel
 //! with burn's own differentiation of whole, unchunked computations.
 
 mod layer;
-pub(crate) mod math;
 
 use std::sync::Arc;
 
@@ -22,9 +21,10 @@ use burn_ndarray::NdArrayTensor;
 use ndarray::{Ix1, Ix2, Ix3};
 
 use crate::backend::{Cpu, CpuAutodiff};
+use crate::cpu_math as math;
 use crate::model::DecoderLayer;
 use crate::train::kernels::{Kernels, Pass, RopeRows};
-use crate::train::pack::Run;
+use crate::train::pack::SegmentRun;
 use math::{AttnSaved, LogitsSaved};
 
 pub(super) fn view<D: ndarray::Dimension>(p: &NdArrayTensor) -> ndarray::ArrayView<'_, f32, D> {
@@ -82,7 +82,7 @@ impl Kernels for Cpu {
         q: Tensor<Self, 3>,
         k: Tensor<Self, 3>,
         v: Tensor<Self, 3>,
-        runs: &[Run],
+        runs: &[SegmentRun],
         scale: f64,
         _autocast: bool,
         block: usize,
@@ -279,7 +279,7 @@ impl Kernels for CpuAutodiff {
         x: Tensor<Self, 2>,
         l: &DecoderLayer<Self>,
         rows: &RopeRows<Self>,
-        runs: &[Run],
+        runs: &[SegmentRun],
         pass: Pass,
     ) -> Tensor<Self, 2> {
         if pass.recompute {
@@ -323,7 +323,7 @@ impl Kernels for CpuAutodiff {
         q: Tensor<Self, 3>,
         k: Tensor<Self, 3>,
         v: Tensor<Self, 3>,
-        runs: &[Run],
+        runs: &[SegmentRun],
         scale: f64,
         _autocast: bool,
         block: usize,

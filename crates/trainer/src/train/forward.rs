@@ -16,7 +16,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use crate::model::{Attention, CausalLm, DecoderLayer, HfLinear, Mlp, RmsNorm};
 use crate::rope::RopeTable;
 use crate::train::kernels::{Kernels, Pass, RopeRows};
-use crate::train::pack::{Packed, Run};
+use crate::train::pack::{Packed, SegmentRun};
 
 /// What one pass computes for the trained tokens of a row.
 pub(crate) struct TokenOutputs<B: Backend> {
@@ -48,7 +48,7 @@ fn attention<B: Kernels>(
     x: Tensor<B, 2>,
     a: &Attention<B>,
     rows: &RopeRows<B>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     pass: Pass,
 ) -> Tensor<B, 2> {
     let autocast = pass.autocast;
@@ -84,7 +84,7 @@ pub(crate) fn layer<B: Kernels>(
     x: Tensor<B, 2>,
     l: &DecoderLayer<B>,
     rows: &RopeRows<B>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     pass: Pass,
 ) -> Tensor<B, 2> {
     let h = x.clone() + attention(norm(x, &l.input_layernorm), &l.self_attn, rows, runs, pass);

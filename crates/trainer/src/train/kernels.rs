@@ -24,7 +24,7 @@ use crate::model::DecoderLayer;
 #[cfg(test)]
 use crate::model::MASKED;
 use crate::train::chunked;
-use crate::train::pack::Run;
+use crate::train::pack::SegmentRun;
 
 /// How one forward pass computes: bf16 products, the chunk sizes of the memory-bound operations, and
 /// whether decoder layers recompute their activations in the backward pass.
@@ -145,7 +145,7 @@ pub(crate) trait Kernels: Backend {
         q: Tensor<Self, 3>,
         k: Tensor<Self, 3>,
         v: Tensor<Self, 3>,
-        runs: &[Run],
+        runs: &[SegmentRun],
         scale: f64,
         autocast: bool,
         block: usize,
@@ -173,7 +173,7 @@ pub(crate) trait Kernels: Backend {
         x: Tensor<Self, 2>,
         l: &DecoderLayer<Self>,
         rows: &RopeRows<Self>,
-        runs: &[Run],
+        runs: &[SegmentRun],
         pass: Pass,
     ) -> Tensor<Self, 2> {
         crate::train::forward::layer(x, l, rows, runs, pass)
@@ -187,7 +187,7 @@ pub(crate) fn dense_attention<B: Backend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     scale: f64,
 ) -> Tensor<B, 2> {
     let [_, nh, d] = q.dims();
@@ -255,7 +255,7 @@ macro_rules! autodiff_kernels {
                 q: Tensor<Self, 3>,
                 k: Tensor<Self, 3>,
                 v: Tensor<Self, 3>,
-                runs: &[Run],
+                runs: &[SegmentRun],
                 scale: f64,
                 autocast: bool,
                 block: usize,

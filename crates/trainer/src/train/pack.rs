@@ -18,7 +18,7 @@ pub(crate) struct Segment {
 
 /// A run of adjacent segments of the same length: `count` segments of `len` tokens from row `start`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Run {
+pub(crate) struct SegmentRun {
     pub(crate) start: usize,
     pub(crate) len: usize,
     pub(crate) count: usize,
@@ -34,7 +34,7 @@ pub(crate) struct Packed {
     /// The segments, in row order.
     pub(crate) segments: Vec<Segment>,
     /// Runs of equal-length segments, covering the row.
-    pub(crate) runs: Vec<Run>,
+    pub(crate) runs: Vec<SegmentRun>,
     /// For each trained token: the row whose output predicts it.
     pub(crate) rows: Vec<i64>,
     /// For each trained token: its id.
@@ -91,7 +91,7 @@ pub(crate) fn pack(tokens: &[&[u32]], masks: &[&[bool]], order: &[usize]) -> Pac
         }
         match p.runs.last_mut() {
             Some(run) if run.len == len => run.count += 1,
-            _ => p.runs.push(Run { start, len, count: 1 }),
+            _ => p.runs.push(SegmentRun { start, len, count: 1 }),
         }
         p.segments.push(Segment { seq, start, len });
     }

@@ -278,7 +278,7 @@ fn packed_rows_restart_positions_and_cut_after_the_last_trained_token() {
     let same = pack(&[&b, &b], &[&b_mask, &b_mask], &[0, 1]);
     assert_eq!(
         same.runs,
-        vec![super::pack::Run {
+        vec![super::pack::SegmentRun {
             start: 0,
             len: 3,
             count: 2
@@ -618,7 +618,7 @@ fn the_chunked_output_projection_matches_the_whole_computation() {
 fn attention_case<B: burn::tensor::backend::AutodiffBackend + Kernels>(
     (q, k, v, g): (&[f32], &[f32], &[f32], &[f32]),
     (rows, nh, nkv, d): (usize, usize, usize, usize),
-    runs: &[pack::Run],
+    runs: &[pack::SegmentRun],
     block: Option<usize>,
 ) -> [Vec<f64>; 4] {
     let device = Default::default();
@@ -645,17 +645,17 @@ fn blocked_attention_matches_the_whole_computation() {
     // Two sequences of 7 tokens side by side in one run, then one of 5 and one of 3; four query heads share
     // two key/value heads.
     let runs = vec![
-        pack::Run {
+        pack::SegmentRun {
             start: 0,
             len: 7,
             count: 2,
         },
-        pack::Run {
+        pack::SegmentRun {
             start: 14,
             len: 5,
             count: 1,
         },
-        pack::Run {
+        pack::SegmentRun {
             start: 19,
             len: 3,
             count: 1,

@@ -21,12 +21,12 @@ use burn_autodiff::ops::{Backward, Ops};
 use burn_ndarray::NdArrayTensor;
 use ndarray::{Array1, Array2, Array3, ArrayView2, Axis, Ix1, Ix2};
 
-use super::math::{self, AttnSaved};
 use super::{finish, prepare, primitive, view};
 use crate::backend::{Cpu, CpuAutodiff};
+use crate::cpu_math::{self as math, AttnSaved};
 use crate::model::{DecoderLayer, HfLinear, RmsNorm};
 use crate::train::kernels::{Pass, RopeRows};
-use crate::train::pack::Run;
+use crate::train::pack::SegmentRun;
 
 /// One parameter: its values and, when it is trained, its autodiff node.
 #[derive(Clone, Debug)]
@@ -205,7 +205,7 @@ fn forward(
     p: &Params,
     x: ArrayView2<'_, f32>,
     rope: &Rope<'_>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     pass: Pass,
     keep: bool,
 ) -> (Array2<f32>, Option<Acts>) {
@@ -353,7 +353,7 @@ struct LayerState {
     params: Arc<Params>,
     cos: Arc<Vec<f32>>,
     sin: Arc<Vec<f32>>,
-    runs: Arc<Vec<Run>>,
+    runs: Arc<Vec<SegmentRun>>,
     pass: Pass,
 }
 
@@ -386,7 +386,7 @@ pub(crate) fn recomputed(
     x: Tensor<CpuAutodiff, 2>,
     l: &DecoderLayer<CpuAutodiff>,
     rows: &RopeRows<CpuAutodiff>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     pass: Pass,
 ) -> Tensor<CpuAutodiff, 2> {
     let x = x.into_primitive().tensor();

@@ -7,7 +7,7 @@
 //!   engine) of up to [`SMALL_ROWS`] rows take a dot-product kernel instead.
 //! - Attention reads the key/value cache in place, in blocks of query rows multiplied only by the keys
 //!   their mask allows, around a vectorised masked softmax.
-//! - RMSNorm, RoPE and SwiGLU are the training path's one-pass forward kernels (`train/cpu/math.rs`).
+//! - RMSNorm, RoPE and SwiGLU are the training path's one-pass forward kernels (`cpu_math.rs`, shared with the training kernels).
 //! - The engine's cache moves ([`assemble`]) and fresh caches ([`zeros`]) take one copy or none, where
 //!   burn's zeros, slice, slice-assign and concatenation each copy.
 //!
@@ -24,8 +24,8 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, Ix2};
 use rayon::prelude::*;
 
 use crate::backend::Cpu;
+use crate::cpu_math::simd_fn;
 use crate::model::CausalLm;
-use crate::train::cpu::math::simd_fn;
 
 #[cfg(test)]
 mod tests;
@@ -217,7 +217,7 @@ pub(crate) fn rms_norm<B: Backend, const D: usize>(
     if wv.len() != xv.ncols() {
         return None;
     }
-    let (y, _) = crate::train::cpu::math::rms_forward(xv, wv, eps as f32);
+    let (y, _) = crate::cpu_math::rms_forward(xv, wv, eps as f32);
     let y = y.into_shape_with_order(ndarray::IxDyn(&dims)).ok()?;
     from_array(y)
 }
@@ -241,7 +241,7 @@ pub(crate) fn rope<B: Backend>(
         return None;
     };
     let (cv, sv) = (cs.view(), ss.view());
-    let y = crate::train::cpu::math::rope(xv, cv.as_slice()?, sv.as_slice()?, false);
+    let y = crate::cpu_math::rope(xv, cv.as_slice()?, sv.as_slice()?, false);
     let y = y
         .into_shape_with_order(ndarray::IxDyn(&[batch, len, heads, d]))
         .ok()?;
@@ -258,7 +258,7 @@ pub(crate) fn swiglu<B: Backend, const D: usize>(
         return None;
     }
     let (gp, up) = (cpu_primitive(gate)?, cpu_primitive(up)?);
-    let y = crate::train::cpu::math::swiglu_forward(rows_view(&gp, &dims)?, rows_view(&up, &dims)?);
+    let y = crate::cpu_math::swiglu_forward(rows_view(&gp, &dims)?, rows_view(&up, &dims)?);
     let y = y.into_shape_with_order(ndarray::IxDyn(&dims)).ok()?;
     from_array(y)
 }
@@ -281,7 +281,7 @@ fn gemm_into(
     scale: f32,
     parallel: bool,
 ) {
-    crate::train::cpu::math::gemm_with(dst, a, b, scale, false, parallel);
+    crate::cpu_math::gemm_with(dst, a, b, scale, false, parallel);
 }
 
 /// Grouped-query attention `softmax(scale * q k^T + bias) v` on the plain CPU backend: per head, two gemm
@@ -430,7 +430,7 @@ fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
     }
     // Branch-free, so the loop vectorises; `fast_exp` is within about 1 ulp of `exp`.
     for (x, m) in row.iter_mut().zip(mask) {
-        let e = crate::train::cpu::math::fast_exp(*x - max);
+        let e = crate::cpu_math::fast_exp(*x - max);
         *x = if *m > threshold { e } else { 0.0 };
     }
     let sum = sum8(row);

@@ -151,7 +151,7 @@ fn attention_case(len: usize, keys: usize) {
 
 #[test]
 fn fast_exp_is_within_two_ulp_of_exp_over_its_range() {
-    use crate::train::cpu::math::fast_exp;
+    use crate::cpu_math::fast_exp;
     let mut worst = 0.0f64;
     // Above about 88.03, 2^n overflows and the result is infinite, a little before exp itself.
     let mut x = -87.0f32;
@@ -175,8 +175,8 @@ fn fast_exp_is_within_two_ulp_of_exp_over_its_range() {
 fn simd_versions_give_bit_identical_results() {
     use std::sync::atomic::Ordering;
 
+    use crate::cpu_math::SIMD_LEVEL;
     use crate::sampling::{SamplingParams, log_softmax_at, sample};
-    use crate::train::cpu::math::SIMD_LEVEL;
 
     let mut rng = SplitMix64::new(11);
     let (batch, heads, kv_heads, len, keys, d) = (2, 4, 2, 70, 75, 8);

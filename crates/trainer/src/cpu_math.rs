@@ -1,10 +1,10 @@
-//! The array side of the CPU training kernels: forward and backward of each fused operation on ndarray
+//! The array side of the CPU kernels, shared by inference (`inference_cpu.rs`) and training (`train/cpu.rs`):
 //! views, without burn. Rows are independent, so large inputs are split over rayon by rows.
 
 use ndarray::{Array1, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Zip, s};
 use rayon::prelude::*;
 
-use crate::train::pack::Run;
+use crate::train::pack::SegmentRun;
 
 /// Below this many multiply-adds a product stays on one thread.
 const PARALLEL_WORK: usize = 1 << 18;
@@ -29,7 +29,7 @@ macro_rules! simd_fn {
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? $body
                 #[cfg(test)]
-                let level = $crate::train::cpu::math::SIMD_LEVEL.load(std::sync::atomic::Ordering::Relaxed);
+                let level = $crate::cpu_math::SIMD_LEVEL.load(std::sync::atomic::Ordering::Relaxed);
                 #[cfg(not(test))]
                 let level = 2;
                 if level >= 2 && std::arch::is_x86_feature_detected!("avx512f") {
@@ -520,7 +520,7 @@ pub(crate) struct Task {
     h: usize,
 }
 
-fn tasks(runs: &[Run], heads: usize) -> Vec<Task> {
+fn tasks(runs: &[SegmentRun], heads: usize) -> Vec<Task> {
     let mut out = Vec::new();
     for run in runs {
         for i in 0..run.count {
@@ -598,7 +598,7 @@ pub(crate) fn attention_forward(
     q: ArrayView3<'_, f32>,
     k: ArrayView3<'_, f32>,
     v: ArrayView3<'_, f32>,
-    runs: &[Run],
+    runs: &[SegmentRun],
     scale: f32,
     block: usize,
     keep: bool,
