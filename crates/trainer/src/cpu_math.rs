@@ -1,5 +1,5 @@
 //! The array side of the CPU kernels, shared by inference (`inference_cpu.rs`) and training (`train/cpu.rs`):
-//! views, without burn. Rows are independent, so large inputs are split over rayon by rows.
+//! forward and backward of each fused operation on ndarray views, without burn. Rows are independent, so large inputs are split over rayon by rows.
 
 use ndarray::{Array1, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Zip, s};
 use rayon::prelude::*;
