@@ -182,7 +182,7 @@ impl TrainStep for GrpoStep {
         let mut trainer = Trainer::load(&self.model_dir, config, self.options.clone())
             .with_context(|| format!("loading {} for training", self.model_dir.display()))?;
         trainer
-            .set_memory(self.memory.clone())
+            .set_memory(self.memory)
             .context("actor.recompute_layers")?;
         tracing::info!(
             model = %self.model_dir.display(),
