@@ -94,6 +94,7 @@ fn batch(tokens: usize, vocab: usize) -> RlBatch {
             logprobs: vec![-8.3; tokens],
             versions: vec![0; tokens],
             advantage: 1.0,
+            truncated: Vec::new(),
         }],
         group_sizes: vec![],
         policy_version: 0,

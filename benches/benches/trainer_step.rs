@@ -63,6 +63,7 @@ impl Workload {
                 logprobs: vec![-8.3; self.seq_len],
                 versions: vec![0; self.seq_len],
                 advantage: if s % 2 == 0 { 1.0 } else { -1.0 },
+                truncated: Vec::new(),
             })
             .collect();
         RlBatch {

@@ -34,6 +34,8 @@ pub struct TrainSample {
     /// The temperature each token was sampled at (1 for greedy and prompt tokens; empty in records from
     /// before the proxy exported it).
     pub temperatures: Vec<f32>,
+    /// 1 on tokens drawn from a truncated distribution (top-p < 1 or top-k), as the proxy exported them.
+    pub truncated: Vec<u8>,
     /// The sample's advantage, broadcast over its sampled tokens.
     pub advantage: f64,
     /// The sample's raw reward (before normalisation).
@@ -151,6 +153,7 @@ pub fn build_batch(reward: &RewardConfig, groups: &[(Group, &[RolloutRecord])]) 
                     logprobs: t.logprobs.clone(),
                     versions: t.versions.clone(),
                     temperatures: t.temperatures.clone(),
+                    truncated: t.truncated.clone(),
                     advantage: a.advantage,
                     raw_reward: a.raw_reward,
                 });

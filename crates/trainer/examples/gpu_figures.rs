@@ -39,6 +39,7 @@ fn batch(sequences: usize, len: usize, vocab: usize) -> RlBatch {
                 logprobs: vec![-8.3; len],
                 versions: vec![0; len],
                 advantage: if s % 2 == 0 { 1.0 } else { -1.0 },
+                truncated: Vec::new(),
             })
             .collect(),
         group_sizes: vec![],

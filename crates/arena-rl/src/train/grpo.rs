@@ -166,6 +166,7 @@ pub fn to_rl_batch(batch: &TrainBatch) -> RlBatch {
                     logprobs: s.logprobs.clone(),
                     versions: s.versions.clone(),
                     advantage: s.advantage as f32,
+                    truncated: s.truncated.iter().map(|&t| t != 0).collect(),
                 }
             })
             .collect(),
@@ -280,6 +281,7 @@ mod tests {
             logprobs: vec![0.0; 5],
             versions: vec![-1, -1, 0, 0, 0],
             temperatures,
+            truncated: Vec::new(),
             advantage: 1.0,
             raw_reward: 1.0,
         };

@@ -44,6 +44,7 @@ fn sample(i: u32, advantage: f64) -> TrainSample {
         advantage,
         raw_reward: advantage.max(0.0),
         temperatures: Vec::new(),
+        truncated: Vec::new(),
     }
 }
 

@@ -21,6 +21,9 @@ pub struct TrainSequence {
     pub versions: Vec<i64>,
     /// The sequence's advantage, broadcast over its trained tokens.
     pub advantage: f32,
+    /// True on tokens drawn from a truncated distribution (top-p < 1 or top-k); empty means none. Only the
+    /// behaviour log-probability drift metric reads it, to report truncated tokens apart.
+    pub truncated: Vec<bool>,
 }
 
 /// One RL step's input.

@@ -139,6 +139,8 @@ pub(crate) struct Tally {
     behave: RangeAcc,
     adv: RangeAcc,
     staleness: RangeAcc,
+    drift: RangeAcc,
+    drift_truncated: RangeAcc,
 }
 
 /// A step's micro-batches and the aggregation weight of each sequence.
@@ -301,6 +303,8 @@ where
             behave_dropped_fraction: tally.dropped as f64 / n,
             advantage: tally.adv.finish(),
             staleness: tally.staleness.finish(),
+            behave_logprob_drift: tally.drift.finish(),
+            behave_logprob_drift_truncated: tally.drift_truncated.finish(),
             seconds: started.elapsed().as_secs_f64(),
         })
     }
@@ -401,6 +405,16 @@ where
                 let v = batch.sequences[s].versions[t];
                 if v >= 0 {
                     tally.staleness.push(batch.policy_version as f64 - v as f64);
+                }
+                // The weights this pass runs with are the proximal policy's, so a token sampled under the
+                // same version must have been recorded with this very log-probability.
+                if v >= 0 && v as u64 == batch.policy_version {
+                    let drift = f64::from((behave[i] - logp[i]).abs());
+                    if batch.sequences[s].truncated.get(t).copied().unwrap_or(false) {
+                        tally.drift_truncated.push(drift);
+                    } else {
+                        tally.drift.push(drift);
+                    }
                 }
             }
         }

@@ -85,6 +85,13 @@ pub struct StepStats {
     pub advantage: Option<Range>,
     /// `policy_version - version` over trained tokens (PPO only).
     pub staleness: Option<Range>,
+    /// `|behaviour - proximal|` log-probability of the trained tokens sampled under this step's version and
+    /// drawn from an untruncated distribution: near zero when the trainer scores each token
+    /// under the distribution it was sampled from (`None` when there was no such token).
+    pub behave_logprob_drift: Option<Range>,
+    /// The same for tokens drawn from a truncated distribution (top-p < 1 or top-k), whose recorded behaviour
+    /// log-probability is of the truncated distribution: the behaviour weight corrects the difference.
+    pub behave_logprob_drift_truncated: Option<Range>,
     /// Wall time of the step.
     pub seconds: f64,
 }
@@ -118,6 +125,11 @@ impl StepStats {
             ("behave_imp_weight", self.behave_imp_weight),
             ("advantage", self.advantage),
             ("staleness", self.staleness),
+            ("behave_logprob_drift", self.behave_logprob_drift),
+            (
+                "behave_logprob_drift_truncated",
+                self.behave_logprob_drift_truncated,
+            ),
         ] {
             if let Some(r) = range {
                 out.push((format!("{prefix}{name}/min"), r.min));

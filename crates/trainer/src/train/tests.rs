@@ -178,6 +178,7 @@ fn seq_with(tokens: usize, trained: usize, advantage: f32) -> TrainSequence {
         logprobs: vec![-1.0; tokens],
         versions: vec![0; tokens],
         advantage,
+        truncated: Vec::new(),
     }
 }
 
@@ -325,6 +326,7 @@ fn random_sequence(
         logprobs: (0..len).map(|_| -(rng.next_f64() * 3.0 + 0.5) as f32).collect(),
         versions: (0..len).map(|t| if t >= prompt { 0 } else { -1 }).collect(),
         advantage,
+        truncated: Vec::new(),
     }
 }
 
@@ -1030,4 +1032,57 @@ fn every_config_problem_is_reported_at_once() {
     kl_ctl must be finite and >= 0, got -0.1
     adv_norm.group_size must be >= 1, got 0
     ");
+}
+
+// ---------------------------------------------------------------- behaviour log-probability drift
+
+/// The drift metric compares each trained token's recorded behaviour log-probability with the trainer's
+/// proximal one at the same weights: zero when they agree, the largest disagreement otherwise, truncated
+/// tokens apart, and tokens of another version left out.
+#[test]
+fn the_drift_metric_sees_what_the_trainer_disagrees_with() {
+    let c = tiny_config(Architecture::Qwen3);
+    let w = tiny_weights(&c, 9);
+    let mut config = full_config();
+    config.ppo.temperature = 0.7;
+    let step = |batch: &RlBatch| {
+        let mut learner =
+            Learner::<CpuAutodiff>::new(&c, &w, config.clone(), &Default::default(), false).unwrap();
+        learner.grpo_step(batch).unwrap()
+    };
+    let mut batch = random_batch(3, c.vocab_size, &[(9, 3), (11, 4), (7, 2)]);
+    let seqs: Vec<Vec<u32>> = batch.sequences.iter().map(|s| s.tokens.clone()).collect();
+    let learner = Learner::<CpuAutodiff>::new(&c, &w, config.clone(), &Default::default(), false).unwrap();
+    let current = learner.logprobs(&seqs, config.ppo.temperature).unwrap();
+    for (s, lp) in batch.sequences.iter_mut().zip(current) {
+        s.logprobs = lp;
+        s.versions = s.loss_mask.iter().map(|&m| if m { 2 } else { -1 }).collect();
+    }
+    let exact = step(&batch);
+    let drift = exact.behave_logprob_drift.expect("tokens of this version");
+    eprintln!("untruncated drift at one version, f32 on the CPU: {drift:?}");
+    assert!(drift.max < 1e-4, "f32 on the CPU: {drift:?}");
+    assert!(exact.behave_logprob_drift_truncated.is_none());
+    // One token recorded 0.25 off, the last sequence truncated, the second sampled under another version.
+    batch.sequences[0].logprobs[5] += 0.25;
+    batch.sequences[2].truncated = vec![true; 7];
+    batch.sequences[1].versions = vec![1; 11];
+    let off = step(&batch);
+    let drift = off.behave_logprob_drift.expect("the first sequence's tokens");
+    assert!((drift.max - 0.25).abs() < 1e-3, "{drift:?}");
+    let truncated = off
+        .behave_logprob_drift_truncated
+        .expect("the last sequence's tokens");
+    assert!(truncated.max < 1e-4, "{truncated:?}");
+    let names: Vec<String> = off.records("train/").into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.iter().any(|n| n == "train/behave_logprob_drift/max"),
+        "{names:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "train/behave_logprob_drift_truncated/mean"),
+        "{names:?}"
+    );
 }
