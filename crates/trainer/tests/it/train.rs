@@ -44,6 +44,24 @@ fn child(name: &str, vars: &[(&str, &Path)]) -> Command {
 
 // ---------------------------------------------------------------- learning
 
+/// The trainer's sequence for a prompt and the policy's completion of it: loss on the sampled tokens,
+/// with the engine's log-probabilities and versions.
+fn sampled(prompt: &[u32], out: trainer::Completion, advantage: f32) -> TrainSequence {
+    let n = prompt.len() + out.token_ids.len();
+    TrainSequence {
+        tokens: prompt.iter().chain(&out.token_ids).copied().collect(),
+        loss_mask: (0..n).map(|t| t >= prompt.len()).collect(),
+        logprobs: std::iter::repeat_n(0.0, prompt.len())
+            .chain(out.logprobs)
+            .collect(),
+        versions: std::iter::repeat_n(-1, prompt.len())
+            .chain(out.versions.iter().map(|&v| v as i64))
+            .collect(),
+        advantage,
+        truncated: Vec::new(),
+    }
+}
+
 /// The engine's recorded log-probabilities are the trainer's at the temperature a token was sampled at:
 /// sampled by the policy at 0.6, 1.0 and 1.3 (top-p 1), scored by the trainer at the same temperature, the
 /// drift is below 1e-4 in f32 on the CPU.
@@ -78,19 +96,7 @@ fn sampled_and_trained_log_probabilities_agree_at_each_temperature() {
                     .unwrap()
                     .collect_blocking()
                     .unwrap();
-                let n = prompt.len() + out.token_ids.len();
-                TrainSequence {
-                    tokens: prompt.iter().chain(&out.token_ids).copied().collect(),
-                    loss_mask: (0..n).map(|t| t >= prompt.len()).collect(),
-                    logprobs: std::iter::repeat_n(0.0, prompt.len())
-                        .chain(out.logprobs)
-                        .collect(),
-                    versions: std::iter::repeat_n(-1, prompt.len())
-                        .chain(out.versions.iter().map(|&v| v as i64))
-                        .collect(),
-                    advantage: if seed % 2 == 0 { 1.0 } else { -1.0 },
-                    truncated: Vec::new(),
-                }
+                sampled(&prompt, out, if seed % 2 == 0 { 1.0 } else { -1.0 })
             })
             .collect();
         let batch = RlBatch {
@@ -158,19 +164,7 @@ fn a_policy_learns_to_sample_token_seven() {
                 );
                 let reward = out.token_ids.iter().filter(|&&t| t == 7).count() as f32 / NEW as f32;
                 total += f64::from(reward);
-                let n = prompt.len() + out.token_ids.len();
-                sequences.push(TrainSequence {
-                    tokens: prompt.iter().chain(&out.token_ids).copied().collect(),
-                    loss_mask: (0..n).map(|t| t >= prompt.len()).collect(),
-                    logprobs: std::iter::repeat_n(0.0, prompt.len())
-                        .chain(out.logprobs)
-                        .collect(),
-                    versions: std::iter::repeat_n(-1, prompt.len())
-                        .chain(out.versions.iter().map(|&v| v as i64))
-                        .collect(),
-                    advantage: reward,
-                    truncated: Vec::new(),
-                });
+                sequences.push(sampled(&prompt, out, reward));
             }
         }
         rewards.push(total / (GROUPS * SAMPLES) as f64);
