@@ -98,6 +98,25 @@ pub enum Error {
         /// The parse error.
         message: String,
     },
+    /// A journaled rollout or draw is of another row than the run draws for it now: the rows, the dataset
+    /// settings or the run's name changed since the journal was written.
+    #[error(
+        "the journal {} holds {what} {key} for row {journaled}, but this run draws row {drawn} there: the \
+         dataset, train_dataset or rollout settings changed since it was written; use a new trial_name",
+        path.display()
+    )]
+    JournalMismatch {
+        /// The journal.
+        path: PathBuf,
+        /// `rollout` or `draw`.
+        what: &'static str,
+        /// The sample or group.
+        key: String,
+        /// The journaled `stream/data_id`.
+        journaled: String,
+        /// What the run draws now.
+        drawn: String,
+    },
     /// The rollout proxy's control endpoints failed.
     #[error("{0}")]
     Control(#[from] crate::proxy_control::ControlError),

@@ -6,6 +6,7 @@
 //!   a session-gateway route is acquired; `route_deleted` after a route is gone.
 //! - `launch` before a task launch (its sample and idempotency key), `task` as soon as Arena answers with a
 //!   task id and before polling, `task_done` once the task is terminal or cancelled.
+//! - `draw` before the rollouts of a prompt that dynamic sampling adds to a step (its group index and row).
 //! - `rollout` once a rollout is finished, routed and exported: its decision and trajectories. Training
 //!   consumes rollouts only from here, so a finished rollout is never lost and never run again.
 //! - `step` after a training step (informational; the checkpoint decides where a resumed run starts).
@@ -121,6 +122,17 @@ pub enum Entry {
         /// Arena's task id.
         task_id: String,
     },
+    /// Dynamic sampling drew another prompt for a step, journaled before its rollouts start.
+    Draw {
+        /// The step.
+        step: u64,
+        /// The group index the draw fills (`train_dataset.batch_size` and up).
+        group: u32,
+        /// The drawn row's stream.
+        stream: String,
+        /// The drawn row.
+        data_id: String,
+    },
     /// A finished rollout.
     Rollout(Box<RolloutRecord>),
     /// A training step finished.
@@ -141,6 +153,8 @@ pub struct JournalState {
     pub open_tasks: BTreeSet<String>,
     /// Finished rollouts by key (the first record of a key wins).
     pub rollouts: BTreeMap<SampleKey, RolloutRecord>,
+    /// Dynamic sampling's extra draws by `(step, group)`: the row's stream and data id.
+    pub draws: BTreeMap<(u64, u32), (String, String)>,
     /// The last training step journaled.
     pub last_step: Option<u64>,
     /// Lines cut off as torn.
@@ -157,6 +171,14 @@ impl JournalState {
                 self.open_routes.remove(&name);
             }
             Entry::Launch { .. } => {}
+            Entry::Draw {
+                step,
+                group,
+                stream,
+                data_id,
+            } => {
+                self.draws.entry((step, group)).or_insert((stream, data_id));
+            }
             Entry::Task { task_id, .. } => {
                 self.open_tasks.insert(task_id);
             }

@@ -227,6 +227,27 @@ impl RowCursor {
         order
     }
 
+    /// The row indices of dynamic sampling's extra draws `from..from + n` of step `step` (draw 0 is the first
+    /// one after the step's batch). Each step has its own deterministic order of the rows outside its batch
+    /// (all rows when the batch holds them all), cycled when a step draws more than that; the same step and
+    /// draw index always name the same row, so a resumed run redraws exactly what it journaled.
+    pub fn extra_indices(&self, step: u64, from: usize, n: usize) -> Vec<usize> {
+        if self.rows == 0 {
+            return Vec::new();
+        }
+        let batch: std::collections::BTreeSet<usize> = self.step_indices(step).into_iter().collect();
+        let mut order: Vec<usize> = (0..self.rows).filter(|i| !batch.contains(i)).collect();
+        if order.is_empty() {
+            order = (0..self.rows).collect();
+        }
+        let mut state = self.seed ^ 0x6a09_e667_f3bc_c909 ^ step.wrapping_mul(0xbb67_ae85_84ca_a73b);
+        for i in (1..order.len()).rev() {
+            state = splitmix(state);
+            order.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        (from..from + n).map(|d| order[d % order.len()]).collect()
+    }
+
     /// The rows of step `step`.
     pub fn step_rows(&self, rows: &[PromptRow], step: u64) -> Vec<PromptRow> {
         self.step_indices(step)

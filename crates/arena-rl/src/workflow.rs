@@ -125,6 +125,15 @@ impl Workflow {
                 sample,
             };
             if let Some(record) = done.get(&key) {
+                if record.stream != row.stream || record.data_id != row.row.data_id {
+                    return Err(crate::Error::JournalMismatch {
+                        path: self.journal.path().to_path_buf(),
+                        what: "rollout",
+                        key: key.to_string(),
+                        journaled: format!("{}/{}", record.stream, record.data_id),
+                        drawn: format!("{}/{}", row.stream, row.row.data_id),
+                    });
+                }
                 handles.push(tokio::spawn(std::future::ready(Ok((record.clone(), Vec::new())))));
                 continue;
             }

@@ -47,3 +47,37 @@ fn shuffled_epochs_cover_every_row_once_and_differ() {
         "deterministic"
     );
 }
+
+#[test]
+fn extra_draws_come_from_outside_the_batch_in_a_fixed_order_per_step() {
+    let cursor = RowCursor::new(12, 4, true, false, 7);
+    let batch = cursor.step_indices(2);
+    let extra = cursor.extra_indices(2, 0, 8);
+    assert!(extra.iter().all(|i| !batch.contains(i)), "{extra:?} vs {batch:?}");
+    let mut sorted = extra.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        8,
+        "no row twice before every other row was drawn: {extra:?}"
+    );
+    // A draw index names one row, whatever range asks for it: a resumed run redraws what it journaled.
+    assert_eq!(cursor.extra_indices(2, 3, 2), extra[3..5].to_vec());
+    assert_ne!(
+        cursor.extra_indices(3, 0, 8),
+        extra,
+        "each step has its own order"
+    );
+    // More draws than rows outside the batch cycle; a batch of every row draws from all of them.
+    assert_eq!(cursor.extra_indices(2, 8, 1), vec![extra[0]]);
+    let all = RowCursor::new(3, 8, false, false, 0);
+    let mut drawn = all.extra_indices(0, 0, 3);
+    drawn.sort_unstable();
+    assert_eq!(drawn, vec![0, 1, 2]);
+    assert!(
+        RowCursor::new(0, 4, false, false, 0)
+            .extra_indices(0, 0, 3)
+            .is_empty()
+    );
+}

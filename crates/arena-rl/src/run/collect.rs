@@ -9,17 +9,21 @@ use reward_routing::{DynamicFilter, Group, Scope};
 
 use super::Run;
 use crate::error::Result;
-use crate::journal::{RolloutRecord, SampleKey, Verdict};
+use crate::journal::{Entry, RolloutRecord, SampleKey, Verdict};
 use crate::observe::{StepMetrics, phase_bar};
-use crate::resolve::{RowCursor, seed_of};
+use crate::resolve::{PromptRow, RowCursor, seed_of};
 use crate::workflow::{GroupFate, GroupRun};
 
 /// One step's collected groups.
 pub struct Collected {
     /// The step.
     pub step: u64,
-    /// Its groups.
+    /// Its groups: the batch's, then dynamic sampling's extra draws, in draw order.
     pub groups: Vec<GroupRun>,
+    /// How many of `groups` the step's batch scheduled (the rest are extra draws).
+    pub scheduled: usize,
+    /// Rounds of launches: 1, plus one per round of extra draws.
+    pub rounds: u32,
     /// Wall time of the rollouts.
     pub seconds: f64,
 }
@@ -97,7 +101,10 @@ impl Run {
         RowCursor::new(self.rows.len(), batch, false, drop_last, 0)
     }
 
-    /// Runs every group of step `step` (samples already journaled are reused).
+    /// Runs every group of step `step` (samples already journaled are reused). A training step whose batch
+    /// leaves fewer than its size of informative groups draws more prompts ([`extra_draws`]) until it
+    /// has them or `rollout.max_oversample_factor` times the batch was launched; each extra draw is journaled
+    /// with its group index before its rollouts start, and a resumed run redraws the same rows.
     pub async fn collect(
         &self,
         step: u64,
@@ -110,33 +117,123 @@ impl Run {
             Scope::Rollout => (self.train_cursor(), step),
         };
         let rows = cursor.step_rows(&self.rows, cursor_step);
+        let scheduled = rows.len();
         let label = if scope == Scope::EvalRollout {
             "eval"
         } else {
             "rollouts"
         };
-        let bar = phase_bar(
-            self.config.metrics.progress,
-            label,
-            (rows.len() * self.workflow.n_samples as usize) as u64,
-        );
+        let per_group = u64::from(self.workflow.n_samples);
+        let bar = phase_bar(self.config.metrics.progress, label, scheduled as u64 * per_group);
         bar.set_message(format!("step {step}"));
-        let futures = rows.iter().enumerate().map(|(g, row)| {
-            let wf = self.workflow.clone();
-            let bar = bar.clone();
-            async move {
-                let run = wf.run_group(step, g as u32, row, scope, done).await?;
-                bar.inc(run.records.len() as u64);
-                Ok::<_, crate::Error>(run)
-            }
-        });
-        let groups = futures::future::try_join_all(futures).await?;
+        let mut groups = self.run_groups(step, 0, &rows, scope, done, &bar).await?;
+        let rounds = if scope == Scope::Rollout {
+            1 + self
+                .draw_more(step, &cursor, scheduled, &mut groups, done, &bar)
+                .await?
+        } else {
+            1
+        };
         bar.finish_and_clear();
         Ok(Collected {
             step,
             groups,
+            scheduled,
+            rounds,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Dynamic sampling: rounds of extra draws for training step `step` until its `batch` groups are
+    /// informative or the budget is spent. Returns the rounds run.
+    async fn draw_more(
+        &self,
+        step: u64,
+        cursor: &RowCursor,
+        batch: usize,
+        groups: &mut Vec<GroupRun>,
+        done: &BTreeMap<SampleKey, RolloutRecord>,
+        bar: &indicatif::ProgressBar,
+    ) -> Result<u32> {
+        let per_group = u64::from(self.workflow.n_samples);
+        let mut rounds = 0;
+        loop {
+            let informative = groups
+                .iter()
+                .filter(|g| {
+                    let (fate, _) = self.workflow.judge(g, &DynamicFilter::new(), Scope::Rollout);
+                    matches!(fate, GroupFate::Accepted(_))
+                })
+                .count();
+            let factor = self.config.rollout.max_oversample_factor;
+            let n = extra_draws(batch, groups.len(), informative, factor);
+            if n == 0 {
+                return Ok(rounds);
+            }
+            let extra: Vec<PromptRow> = cursor
+                .extra_indices(step, groups.len() - batch, n)
+                .into_iter()
+                .filter_map(|i| self.rows.get(i).cloned())
+                .collect();
+            if extra.is_empty() {
+                return Ok(rounds);
+            }
+            let first = groups.len();
+            for (j, row) in extra.iter().enumerate() {
+                self.journal_draw(step, (first + j) as u32, row)?;
+            }
+            rounds += 1;
+            bar.inc_length(extra.len() as u64 * per_group);
+            bar.set_message(format!("step {step}, extra round {rounds}"));
+            groups.extend(
+                self.run_groups(step, first, &extra, Scope::Rollout, done, bar)
+                    .await?,
+            );
+        }
+    }
+
+    /// Journals extra draw `group` of `step` before its rollouts start; a draw the journal already holds must
+    /// name the same row.
+    fn journal_draw(&self, step: u64, group: u32, row: &PromptRow) -> Result<()> {
+        let journal = &self.workflow.journal;
+        match self.replay.draws.get(&(step, group)) {
+            Some((stream, data_id)) if *stream == row.stream && *data_id == row.row.data_id => Ok(()),
+            Some((stream, data_id)) => Err(crate::Error::JournalMismatch {
+                path: journal.path().to_path_buf(),
+                what: "draw",
+                key: format!("s{step}g{group}"),
+                journaled: format!("{stream}/{data_id}"),
+                drawn: format!("{}/{}", row.stream, row.row.data_id),
+            }),
+            None => journal.append(&Entry::Draw {
+                step,
+                group,
+                stream: row.stream.clone(),
+                data_id: row.row.data_id.clone(),
+            }),
+        }
+    }
+
+    /// Runs the groups of `rows` as groups `first..` of step `step`, concurrently.
+    async fn run_groups(
+        &self,
+        step: u64,
+        first: usize,
+        rows: &[PromptRow],
+        scope: Scope,
+        done: &BTreeMap<SampleKey, RolloutRecord>,
+        bar: &indicatif::ProgressBar,
+    ) -> Result<Vec<GroupRun>> {
+        let futures = rows.iter().enumerate().map(|(g, row)| {
+            let wf = self.workflow.clone();
+            let bar = bar.clone();
+            async move {
+                let run = wf.run_group(step, (first + g) as u32, row, scope, done).await?;
+                bar.inc(run.records.len() as u64);
+                Ok::<_, crate::Error>(run)
+            }
+        });
+        futures::future::try_join_all(futures).await
     }
 
     /// Judges every collected group, records the step's group metrics and mean reward, and returns the
@@ -179,6 +276,12 @@ impl Run {
             (collected.groups.len() - accepted.len()) as f64,
         );
         metrics.set(&format!("{prefix}/group_accept_rate"), accepted.len() as f64 / n);
+        metrics.set(&format!("{prefix}/groups_drawn"), collected.groups.len() as f64);
+        metrics.set(
+            &format!("{prefix}/groups_extra"),
+            (collected.groups.len() - collected.scheduled) as f64,
+        );
+        metrics.set(&format!("{prefix}/draw_rounds"), f64::from(collected.rounds));
         if !rewards.is_empty() {
             metrics.set(
                 &format!("{prefix}/reward"),
@@ -188,3 +291,20 @@ impl Run {
         accepted
     }
 }
+
+/// How many prompts dynamic sampling draws next, given the batch's size, the groups drawn so far and how many
+/// of them are informative: none once the batch is full of informative groups or the budget
+/// (`ceil(batch * factor)` groups, `factor` being `rollout.max_oversample_factor`) is spent; else the missing
+/// groups scaled by the acceptance seen so far (so that one round usually fills the step), within the budget.
+pub(crate) fn extra_draws(batch: usize, drawn: usize, informative: usize, factor: f64) -> usize {
+    let budget = (batch as f64 * factor).ceil() as usize;
+    if informative >= batch || drawn >= budget || batch == 0 {
+        return 0;
+    }
+    let missing = batch - informative;
+    let wanted = (missing * drawn).div_ceil(informative.max(1));
+    wanted.max(missing).min(budget - drawn)
+}
+
+#[cfg(test)]
+mod tests;

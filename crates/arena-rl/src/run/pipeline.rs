@@ -70,6 +70,7 @@ struct Trainer {
     rejected: BTreeMap<String, u64>,
     accepted_total: u64,
     trained: u64,
+    warned_idle: bool,
 }
 
 impl Trainer {
@@ -96,6 +97,7 @@ impl Trainer {
             rejected: BTreeMap::new(),
             accepted_total: 0,
             trained: 0,
+            warned_idle: false,
         };
         trainer.resume().await?;
         trainer
@@ -199,13 +201,21 @@ impl Trainer {
         let run = self.run.clone();
         let k = collected.step;
         let mut metrics = StepMetrics::default();
-        let accepted = run.count_groups(
+        let mut accepted = run.count_groups(
             collected,
             Scope::Rollout,
             filter,
             &mut metrics,
             &mut self.rejected,
         );
+        // Dynamic sampling's last round may overshoot: the step trains on its batch's worth, in draw order.
+        let surplus = accepted.len().saturating_sub(collected.scheduled);
+        accepted.truncate(collected.scheduled);
+        metrics.set("rollout/groups_trained", accepted.len() as f64);
+        metrics.set("rollout/groups_surplus", surplus as f64);
+        if accepted.is_empty() {
+            self.warn_idle(k, &metrics);
+        }
         self.accepted_total += accepted.len() as u64;
         let mut batch = build_batch(&run.reward, &collected.accepted_with_records(&accepted))?;
         batch.policy_version = self.version;
@@ -245,6 +255,32 @@ impl Trainer {
             "step trained"
         );
         Ok(metrics)
+    }
+
+    /// Says once per run that a step trains on nothing, and why: every group rejected or dropped by the
+    /// dynamic filter (equal rewards), with the knob that draws more prompts.
+    fn warn_idle(&mut self, k: u64, metrics: &StepMetrics) {
+        if self.warned_idle {
+            return;
+        }
+        self.warned_idle = true;
+        let reasons: Vec<String> = metrics
+            .means()
+            .into_iter()
+            .filter_map(|(name, n)| {
+                let reason = name.strip_prefix("rollout/group_rejected/")?;
+                Some(format!("{reason}: {n}"))
+            })
+            .collect();
+        tracing::warn!(
+            step = k,
+            reasons = %reasons.join(", "),
+            max_oversample_factor = self.run.config.rollout.max_oversample_factor,
+            "step {k} trains on nothing: no group of it is informative (the counts say why; all_correct and \
+             all_wrong are groups whose rewards are all equal). Raise rollout.max_oversample_factor to draw \
+             more prompts per step; actor.entropy_coeff and a higher actor.eps_clip_higher slow a collapse \
+             of the policy's entropy (train/entropy). Said once per run; rollout/groups_trained counts every step"
+        );
     }
 
     /// Writes the checkpoint of step `k` when `checkpoint.save_every` (or the last step) asks for one.

@@ -57,6 +57,8 @@ fn child_config(base: &str, root: &Path, model: &Path) -> stream_config::RunConf
             "train_dataset.batch_size=2",
             "gconfig.n_samples=3",
             "rollout.max_head_offpolicyness=1",
+            // Dynamic sampling: a batch group whose rewards are all equal makes the step draw more prompts.
+            "rollout.max_oversample_factor=3",
             "checkpoint.save_every=1",
             "checkpoint.keep_last=1",
         ],
@@ -78,7 +80,7 @@ async fn child() {
         child_config(&base, &root, &model),
         &env(),
         Plugins {
-            engine: Some(OracleEngine::new(&model, 2).handle()),
+            engine: Some(OracleEngine::settled(&model).handle()),
             step: Box::new(Recording { consumed: vec![] }),
         },
     )
@@ -154,9 +156,24 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
     let journal = std::fs::read_to_string(run_dir.join("journal/journal-w0.jsonl")).unwrap();
     let mut rollouts: BTreeMap<SampleKey, Verdict> = BTreeMap::new();
     let mut open_routes = BTreeSet::new();
+    let mut draws: BTreeMap<(u64, u32), String> = BTreeMap::new();
     for line in journal.lines() {
         match serde_json::from_str::<Entry>(line).unwrap() {
+            Entry::Draw {
+                step, group, data_id, ..
+            } => {
+                assert!(group >= 2, "draw {step}/{group} is inside the batch");
+                assert!(
+                    draws.insert((step, group), data_id).is_none(),
+                    "draw {step}/{group} was journaled twice"
+                );
+            }
             Entry::Rollout(r) => {
+                assert!(
+                    r.key.group < 2 || draws.contains_key(&(r.key.step, r.key.group)),
+                    "rollout {} of an extra draw finished before its draw was journaled",
+                    r.key
+                );
                 assert!(
                     rollouts.insert(r.key, r.verdict).is_none(),
                     "rollout {} was journaled twice: it was run again after being finished",
@@ -172,11 +189,50 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
             _ => {}
         }
     }
+    // Every step's groups: its batch's two, then its extra draws, each with all three samples.
+    let mut groups: BTreeMap<u64, u32> = BTreeMap::new();
+    for k in rollouts.keys() {
+        let n = groups.entry(k.step).or_default();
+        *n = (*n).max(k.group + 1);
+    }
+    assert_eq!(groups.len() as u64, STEPS, "{groups:?}");
+    let total: u32 = groups.values().sum();
     assert_eq!(
-        rollouts.len() as u64,
-        STEPS * 2 * 3,
-        "every rollout of every step finished once"
+        rollouts.len(),
+        total as usize * 3,
+        "every rollout of every group finished once"
     );
+    for (step, n) in &groups {
+        assert!(
+            (2..=6).contains(n),
+            "step {step} drew {n} groups; the budget is 3 x 2"
+        );
+        for g in 2..*n {
+            assert!(
+                draws.contains_key(&(*step, g)),
+                "group {step}/{g} ran without a journaled draw"
+            );
+        }
+    }
+    assert!(
+        !draws.is_empty(),
+        "no step drew an extra prompt: the test does not test dynamic sampling"
+    );
+    // A step draws again only while it lacks two informative groups, and trains on the first two.
+    let informative = |step: u64, g: u32| {
+        let rewards: Vec<String> = (0..3)
+            .map(|sample| {
+                let key = SampleKey {
+                    eval: false,
+                    step,
+                    group: g,
+                    sample,
+                };
+                format!("{:?}", rollouts[&key])
+            })
+            .collect();
+        rewards.iter().any(|r| *r != rewards[0])
+    };
     assert!(
         open_routes.is_empty(),
         "routes left open in the journal: {open_routes:?}"
@@ -204,6 +260,30 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
             .find(|(k, _)| k.to_string() == *key)
             .unwrap_or_else(|| panic!("trained on {key}, which the journal does not hold"));
         assert!(matches!(k.1, Verdict::Reward { .. }));
+    }
+    for (step, n) in &groups {
+        let wanted: Vec<String> = (0..*n)
+            .filter(|g| informative(*step, *g))
+            .take(2)
+            .map(|g| format!("s{step}g{g}"))
+            .collect();
+        let trained: BTreeSet<String> = consumed
+            .iter()
+            .filter(|(s, _)| s == step)
+            .map(|(_, key)| key.split(':').next().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            trained.into_iter().collect::<Vec<_>>(),
+            wanted,
+            "step {step} trains on its first two informative groups"
+        );
+        if *n > 2 {
+            let batch = (0..2).filter(|g| informative(*step, *g)).count();
+            assert!(
+                batch < 2,
+                "step {step} drew more although its batch was informative"
+            );
+        }
     }
     // Groups train whole: a sample of an accepted group never goes missing.
     let mut per_group: BTreeMap<String, usize> = BTreeMap::new();

@@ -39,13 +39,17 @@ pub(crate) fn model_folder(dir: &Path) -> PathBuf {
 }
 
 /// Answers like a policy that knows the task: first a `lookup` of the key in the prompt, then a digit once the
-/// tool has answered. Every `wrong_every`-th answer is off by two, so groups have mixed rewards.
+/// tool has answered. Every `wrong_every`-th answer is off by two, so groups have mixed rewards; or, made by
+/// [`OracleEngine::settled`], every answer about a key ending in an even digit is right (those groups' rewards
+/// are all equal, and the dynamic filter drops them) and every other answer about any other key is wrong.
 pub(crate) struct OracleEngine {
     tokenizer: Tokenizer,
     stop: u32,
     calls: AtomicU64,
     wrong_every: u64,
     version: AtomicU64,
+    /// `Some` in [`OracleEngine::settled`] mode: answers so far per key.
+    per_key: Option<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
 }
 
 impl OracleEngine {
@@ -58,7 +62,33 @@ impl OracleEngine {
             calls: AtomicU64::new(0),
             wrong_every,
             version: AtomicU64::new(0),
+            per_key: None,
         }
+    }
+
+    /// Groups of rows whose key ends in an even digit score alike (always right); the others alternate.
+    pub(crate) fn settled(model: &Path) -> Self {
+        Self {
+            per_key: Some(Default::default()),
+            ..Self::new(model, 0)
+        }
+    }
+
+    /// Whether this answer about `key` is wrong.
+    fn wrong(&self, key: &str) -> bool {
+        let Some(per_key) = &self.per_key else {
+            let n = self.calls.fetch_add(1, Ordering::Relaxed);
+            return self.wrong_every > 0 && n.is_multiple_of(self.wrong_every);
+        };
+        let settled = key
+            .chars()
+            .last()
+            .and_then(|c| c.to_digit(10))
+            .is_some_and(|d| d % 2 == 0);
+        let mut seen = per_key.lock().unwrap();
+        let n = seen.entry(key.to_string()).or_default();
+        *n += 1;
+        !settled && n.is_multiple_of(2)
     }
 
     pub(crate) fn handle(self) -> EngineHandle {
@@ -96,8 +126,7 @@ impl OracleEngine {
                 }
                 .copied()
                 .unwrap_or(0);
-                let n = self.calls.fetch_add(1, Ordering::Relaxed);
-                let answer = if self.wrong_every > 0 && n.is_multiple_of(self.wrong_every) {
+                let answer = if self.wrong(&key) {
                     (target + 2) % 10
                 } else {
                     target

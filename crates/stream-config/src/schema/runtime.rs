@@ -117,6 +117,11 @@ pub struct RolloutSection {
     pub max_concurrent_rollouts: Option<u32>,
     /// How many policy versions rollouts may run ahead of training (0 = synchronous).
     pub max_head_offpolicyness: u32,
+    /// Dynamic sampling: when the dynamic filter drops groups (every reward of a group equal) or a group is
+    /// rejected, the step draws more prompts until it holds `train_dataset.batch_size` informative groups,
+    /// launching at most this many times the batch's groups in all. 1 (the default) draws nothing extra: a
+    /// step trains on whatever its batch left.
+    pub max_oversample_factor: f64,
     /// SGLang-protocol servers (`http://host:port`) that serve the policy; empty serves it in-process.
     pub policy_servers: Vec<String>,
     /// Rollout workers the rows are sharded across.
@@ -132,6 +137,7 @@ impl Default for RolloutSection {
         Self {
             max_concurrent_rollouts: None,
             max_head_offpolicyness: 0,
+            max_oversample_factor: 1.0,
             policy_servers: Vec::new(),
             n_workers: 1,
             worker_index: 0,
@@ -256,6 +262,13 @@ impl RolloutSection {
     pub(crate) fn validate(&self, path: &KeyPath, c: &mut Collector) {
         if self.max_concurrent_rollouts == Some(0) {
             c.push(path.key("max_concurrent_rollouts"), "must be >= 1 or null, got 0");
+        }
+        let f = self.max_oversample_factor;
+        if !(f.is_finite() && (1.0..=64.0).contains(&f)) {
+            c.push(
+                path.key("max_oversample_factor"),
+                format!("must be a number in [1, 64], got {f}"),
+            );
         }
         for (i, url) in self.policy_servers.iter().enumerate() {
             http_url(c, path.key("policy_servers").index(i), url);

@@ -102,6 +102,10 @@ fn loop_sections_have_the_reference_defaults() {
     assert_eq!(config.proxy.session_timeout_seconds.get(), 3600.0);
     assert_eq!(config.proxy.admin_key_env, "SWE_RL_ADMIN_API_KEY");
     assert_eq!(config.rollout.max_head_offpolicyness, 0);
+    assert_eq!(
+        config.rollout.max_oversample_factor, 1.0,
+        "no extra draws unless asked"
+    );
     assert!(config.rollout.policy_servers.is_empty());
     assert_eq!(config.eval_every, 0);
     assert!(loop_problems(&[]).is_empty());
@@ -116,6 +120,7 @@ fn loop_sections_report_every_problem_at_once() {
         "rollout.policy_servers=[http://a:1, ftp://b]",
         "rollout.n_workers=2",
         "rollout.worker_index=2",
+        "rollout.max_oversample_factor=0.5",
         "checkpoint.keep_last=0",
         "eval_every=3",
     ]);
@@ -126,12 +131,13 @@ fn loop_sections_report_every_problem_at_once() {
         "rollout.max_concurrent_rollouts: must be >= 1 or null, got 0",
         "rollout.policy_servers[1]: \"ftp://b\" must be an http:// or https:// URL",
         "rollout.worker_index: must be below rollout.n_workers (2), got 2",
+        "rollout.max_oversample_factor: must be a number in [1, 64], got 0.5",
         "checkpoint.keep_last: must be >= 1, got 0",
         "eval_every: is 3 but valid_dataset is not set",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
-    assert_eq!(problems.len(), 7, "{text}");
+    assert_eq!(problems.len(), 8, "{text}");
 }
 
 #[test]
