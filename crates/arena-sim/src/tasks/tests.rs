@@ -116,3 +116,50 @@ fn transcripts_are_what_a_perfect_run_sends() {
         LlmProtocol::ALL.map(|p| (p.as_str(), TaskInstance::tools(p)))
     );
 }
+
+/// The scale of the quickstart's task, pinned on its own rows (both streams of `World::quickstart`): a policy
+/// that answers uniformly random digits scores about 0.31, one that answers the best constant per question
+/// (8 to "largest", 1 to "smallest") about 0.77, and one that reads the digits the tool returns 1.0. The
+/// quickstart's reward curve is read against these numbers.
+#[test]
+fn the_quickstart_task_scale_is_pinned() {
+    let world = crate::World::quickstart();
+    let mut tasks = Vec::new();
+    for stream in &world.streams {
+        let family = stream.task_family.expect("quickstart streams have a family");
+        for row in stream.all_rows() {
+            tasks.push(TaskInstance::from_data_id(family, &row.data_id));
+        }
+    }
+    assert_eq!(tasks.len(), 2 * crate::QUICKSTART_ROWS as usize);
+    let mean = |answer: &dyn Fn(&TaskInstance) -> String| -> f64 {
+        let total: f64 = tasks
+            .iter()
+            .map(|t| t.grade(Some(&answer(t)), &[lookup(&t.key)]).score)
+            .sum();
+        total / tasks.len() as f64
+    };
+    let reading = mean(&|t| t.target().to_string());
+    let constant = mean(&|t| match t.family {
+        TaskFamily::Max => "8".to_string(),
+        TaskFamily::Min => "1".to_string(),
+    });
+    let uniform = (0..10u8).map(|d| mean(&|_| d.to_string())).sum::<f64>() / 10.0;
+    assert_eq!(reading, 1.0);
+    assert!(
+        (constant - 0.77).abs() < 0.02,
+        "the per-question constant scores {constant:.3}"
+    );
+    assert!((uniform - 0.31).abs() < 0.02, "uniform digits score {uniform:.3}");
+    // The constant is the best one: no other pair of digits scores more.
+    for (hi, lo) in [(9, 0), (7, 2), (9, 1), (8, 0)] {
+        let other = mean(&|t| match t.family {
+            TaskFamily::Max => format!("{hi}"),
+            TaskFamily::Min => format!("{lo}"),
+        });
+        assert!(
+            other <= constant,
+            "({hi}, {lo}) scores {other:.3} > {constant:.3}"
+        );
+    }
+}
