@@ -90,9 +90,15 @@ pub struct MetricsSink {
 }
 
 impl MetricsSink {
-    /// Opens the sinks under `dir` (JSONL appended, so a resumed run continues the same file).
-    pub fn open(dir: &Path, jsonl: bool, tensorboard: bool) -> Result<Self> {
+    /// Opens the sinks under `dir` (JSONL appended, so a resumed run continues the same file). A run that
+    /// resumes at step `resume_at` first forgets what an earlier process wrote for that step and later ones
+    /// (and a torn last line or record a kill left), in `metrics.jsonl` and in every TensorBoard event file,
+    /// so that each step it trains again appears once.
+    pub fn open(dir: &Path, jsonl: bool, tensorboard: bool, resume_at: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        if let Some(step) = resume_at {
+            forget_from(dir, step)?;
+        }
         let jsonl = jsonl
             .then(|| {
                 let path = dir.join("metrics.jsonl");
@@ -187,6 +193,59 @@ impl MetricsSink {
     pub fn tensorboard_path(&self) -> Option<&Path> {
         self.tensorboard.as_ref().map(EventWriter::path)
     }
+}
+
+/// Drops every record of step `step` and later from `metrics.jsonl` and the TensorBoard event files under
+/// `dir`, with any torn tail; files that hold none are left untouched.
+fn forget_from(dir: &Path, step: u64) -> Result<()> {
+    let jsonl = dir.join("metrics.jsonl");
+    if let Ok(text) = std::fs::read_to_string(&jsonl) {
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|line| {
+                serde_json::from_str::<Value>(line)
+                    .ok()
+                    .and_then(|v| v["step"].as_u64())
+                    .is_some_and(|s| s < step)
+            })
+            .collect();
+        if kept.len() != text.lines().count() || !(text.is_empty() || text.ends_with('\n')) {
+            let tmp = dir.join("metrics.jsonl.rewrite");
+            let body: String = kept.iter().map(|l| format!("{l}\n")).collect();
+            std::fs::write(&tmp, body)
+                .and_then(|()| File::open(&tmp)?.sync_all())
+                .and_then(|()| std::fs::rename(&tmp, &jsonl))
+                .with_context(|| format!("cannot rewrite {}", jsonl.display()))?;
+            tracing::info!(
+                from_step = step,
+                dropped = text.lines().count() - kept.len(),
+                "metrics.jsonl: the resumed run forgets the steps it trains again"
+            );
+        }
+    }
+    let Ok(files) = std::fs::read_dir(dir.join("tensorboard")) else {
+        return Ok(());
+    };
+    for file in files.flatten() {
+        let path = file.path();
+        if !path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("events.out.tfevents."))
+        {
+            continue;
+        }
+        let (events, whole) = tfevents::read_good_events(&path)?;
+        let kept: Vec<tfevents::Event> = events
+            .iter()
+            .filter(|e| e.file_version.is_some() || e.step < step as i64)
+            .cloned()
+            .collect();
+        if !whole || kept.len() != events.len() {
+            tfevents::rewrite_events(&path, &kept)?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a metric is a per-row record (`debug/task/<data_id>/...`), one name per dataset row.

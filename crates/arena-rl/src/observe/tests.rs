@@ -1,7 +1,8 @@
 //! The metrics sink: per-row records reach `metrics.jsonl` but not TensorBoard, whose tags stay the same
 //! however many rows a run sees.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 
 use reward_routing::Metric;
 
@@ -11,7 +12,7 @@ use super::*;
 /// `route_outcome` reports them), and answers the TensorBoard tags and the JSONL keys written.
 fn run(rows: usize, steps: u64) -> (BTreeSet<String>, BTreeSet<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut sink = MetricsSink::open(dir.path(), true, true).unwrap();
+    let mut sink = MetricsSink::open(dir.path(), true, true, None).unwrap();
     for step in 0..steps {
         let mut metrics = StepMetrics::default();
         for row in 0..rows {
@@ -75,4 +76,83 @@ fn only_the_debug_task_records_are_per_row() {
     ] {
         assert_eq!(per_row(name), want, "{name}");
     }
+}
+
+/// A run killed after writing steps 0-4 (and half a line of step 5) and resumed at step 3 writes steps 3 and 4
+/// again: each step then appears once in `metrics.jsonl` and once per tag across the TensorBoard files.
+#[test]
+fn a_resumed_run_writes_each_step_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let step_metrics = |step: u64, version: f64| {
+        let mut m = StepMetrics::default();
+        m.set("rollout/reward", step as f64 / 10.0);
+        m.set("policy/version", version);
+        m
+    };
+    {
+        let mut sink = MetricsSink::open(dir.path(), true, true, Some(0)).unwrap();
+        for step in 0..5 {
+            sink.write_step(step, &step_metrics(step, 1.0)).unwrap();
+        }
+        // A kill mid-write: a torn JSONL line and a torn event record.
+        let tb = sink.tensorboard_path().unwrap().to_path_buf();
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("metrics.jsonl"))
+            .unwrap();
+        f.write_all(b"{\"step\": 5, \"rollout/rew").unwrap();
+        let mut f = OpenOptions::new().append(true).open(&tb).unwrap();
+        f.write_all(&[7, 0, 0]).unwrap();
+    }
+    // The same second as the first process: the new event file must not replace the old one.
+    let mut sink = MetricsSink::open(dir.path(), true, true, Some(3)).unwrap();
+    assert_eq!(
+        sink.rewards(),
+        &[(0, 0.0), (1, 0.1), (2, 0.2)],
+        "the curve keeps steps before 3"
+    );
+    for step in 3..6 {
+        sink.write_step(step, &step_metrics(step, 2.0)).unwrap();
+    }
+    let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let steps: Vec<(u64, f64)> = text
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (v["step"].as_u64().unwrap(), v["policy/version"].as_f64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [(0, 1.0), (1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0), (5, 2.0)],
+        "{text}"
+    );
+    let mut seen: BTreeMap<(String, i64), f32> = BTreeMap::new();
+    let mut files = 0;
+    for file in std::fs::read_dir(dir.path().join("tensorboard")).unwrap() {
+        files += 1;
+        for event in tfevents::read_events(&file.unwrap().path()).unwrap() {
+            for (tag, value) in event.scalars {
+                let step = event.step;
+                assert!(
+                    seen.insert((tag.clone(), step), value).is_none(),
+                    "{tag} at step {step} twice"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        files, 2,
+        "the first process's events are kept beside the second's"
+    );
+    assert_eq!(seen.len(), 12, "{seen:?}");
+    assert_eq!(seen[&("policy/version".to_string(), 2)], 1.0);
+    assert_eq!(seen[&("policy/version".to_string(), 3)], 2.0);
+    // A run that resumes nothing keeps everything.
+    drop(sink);
+    MetricsSink::open(dir.path(), true, true, None).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap(),
+        text
+    );
 }

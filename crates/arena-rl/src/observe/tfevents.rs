@@ -20,7 +20,7 @@
 //! The first record carries `file_version = "brain.Event:2"`; each later record carries one scalar summary.
 //! This is what TensorBoard's `EventAccumulator` (and `wandb sync --sync-tensorboard`) reads as scalars.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 
@@ -218,6 +218,39 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>> {
     decode_records(&data).map_err(|message| Error::failed(path.display().to_string(), message))
 }
 
+/// Reads the events of a file up to its first bad or torn record (what a killed writer leaves), and says
+/// whether the whole file was good.
+pub fn read_good_events(path: &Path) -> Result<(Vec<Event>, bool)> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut events = Vec::new();
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let Some(len) = data.get(pos..pos + 8) else { break };
+        let len = u64::from_le_bytes(std::array::from_fn(|i| len[i])) as usize;
+        let end = pos.saturating_add(12).saturating_add(len).saturating_add(4);
+        let Some(one) = data.get(pos..end) else { break };
+        match decode_records(one) {
+            Ok(mut e) => events.append(&mut e),
+            Err(_) => break,
+        }
+        pos = end;
+    }
+    Ok((events, pos == data.len()))
+}
+
+/// Rewrites an event file with only `events` (through a temporary file and a rename).
+pub fn rewrite_events(path: &Path, events: &[Event]) -> Result<()> {
+    let tmp = path.with_extension("rewrite");
+    let mut data = Vec::new();
+    for event in events {
+        data.extend_from_slice(&record(&event.encode()));
+    }
+    std::fs::write(&tmp, &data)
+        .and_then(|()| File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("cannot rewrite {}", path.display()))
+}
+
 fn decode_records(data: &[u8]) -> Decode<Vec<Event>> {
     let word = |b: &[u8]| -> [u8; 4] { [b[0], b[1], b[2], b[3]] };
     let mut events = Vec::new();
@@ -258,8 +291,18 @@ impl EventWriter {
     pub fn create(dir: &Path, host: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let now = wall_time();
-        let path = dir.join(format!("events.out.tfevents.{}.{host}", now as u64));
-        let file = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        // A new file each time, never one an earlier process of the run wrote in the same second.
+        let mut path = dir.join(format!("events.out.tfevents.{}.{host}", now as u64));
+        let mut n = 0;
+        let file = loop {
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {
+                    n += 1;
+                    path = dir.join(format!("events.out.tfevents.{}.{host}.{n}", now as u64));
+                }
+                other => break other.with_context(|| format!("cannot create {}", path.display()))?,
+            }
+        };
         let mut writer = Self {
             out: BufWriter::new(file),
             path,

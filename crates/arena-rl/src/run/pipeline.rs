@@ -3,7 +3,9 @@
 //! reach the engine and the version advances; every `eval_every` steps the policy is evaluated.
 //!
 //! A producer task starts each step's collection as soon as the off-policyness bound allows; the consumer
-//! trains the steps in order. The training step runs on a blocking thread ([`on_blocking`]).
+//! trains the steps in order. The training step runs on a blocking thread ([`on_blocking`]). A step's metrics
+//! are written before its checkpoint, and a resumed run forgets the metrics of the steps it trains again, so
+//! each step appears once in `metrics.jsonl` and TensorBoard.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -160,7 +162,12 @@ impl Trainer {
     async fn run(mut self) -> Result<RunSummary> {
         let config = &self.run.config.clone();
         let paths = self.run.paths.clone();
-        let mut sink = MetricsSink::open(&paths.metrics, config.metrics.jsonl, config.metrics.tensorboard)?;
+        let mut sink = MetricsSink::open(
+            &paths.metrics,
+            config.metrics.jsonl,
+            config.metrics.tensorboard,
+            Some(self.resumed_at),
+        )?;
         let (trained_tx, trained_rx) = watch::channel(self.resumed_at);
         let (producer, mut rx) = self.spawn_producer(trained_rx);
         let filter = DynamicFilter::new();
@@ -169,7 +176,14 @@ impl Trainer {
             let collected = handle.await.context("a step's rollouts")??;
             let k = collected.step;
             let metrics = self.train_step(&collected, &filter).await?;
+            // Metrics before the checkpoint: a kill between the two resumes at the earlier checkpoint, which
+            // forgets this step's line and writes it again, so every step's metrics appear exactly once.
             sink.write_step(k, &metrics)?;
+            self.maybe_checkpoint(k).await?;
+            self.run.workflow.journal.append(&Entry::Step {
+                step: k,
+                version: self.version,
+            })?;
             self.trained += 1;
             bar.inc(1);
             let _ = trained_tx.send(k + 1);
@@ -195,8 +209,8 @@ impl Trainer {
         })
     }
 
-    /// Trains one collected step: judge its groups, train on the accepted ones, publish the new weights,
-    /// checkpoint, journal the step and evaluate when due. Returns the step's metrics.
+    /// Trains one collected step: judge its groups, train on the accepted ones, publish the new weights and
+    /// evaluate when due. Returns the step's metrics; the caller writes them, then checkpoints.
     async fn train_step(&mut self, collected: &Collected, filter: &DynamicFilter) -> Result<StepMetrics> {
         let run = self.run.clone();
         let k = collected.step;
@@ -240,11 +254,6 @@ impl Trainer {
         metrics.set("timing/train_seconds", started.elapsed().as_secs_f64());
         metrics.set("policy/version", self.version as f64);
         metrics.set("policy/max_staleness", staleness as f64);
-        self.maybe_checkpoint(k).await?;
-        run.workflow.journal.append(&Entry::Step {
-            step: k,
-            version: self.version,
-        })?;
         self.maybe_evaluate(k, &mut metrics).await?;
         tracing::info!(
             step = k,

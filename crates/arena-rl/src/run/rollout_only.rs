@@ -32,7 +32,12 @@ async fn rollout_inner(run: &Run) -> Result<RunSummary> {
         .truncate(true)
         .open(&out_path)
         .with_context(|| format!("cannot create {}", out_path.display()))?;
-    let mut sink = MetricsSink::open(&paths.metrics, config.metrics.jsonl, config.metrics.tensorboard)?;
+    let mut sink = MetricsSink::open(
+        &paths.metrics,
+        config.metrics.jsonl,
+        config.metrics.tensorboard,
+        None,
+    )?;
     let filter = DynamicFilter::new();
     let mut rejected = BTreeMap::new();
     let mut accepted_total = 0;

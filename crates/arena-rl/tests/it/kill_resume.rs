@@ -285,6 +285,17 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
             );
         }
     }
+    // Each step's metrics appear once, however often the run was killed and resumed.
+    let metrics = std::fs::read_to_string(run_dir.join("metrics/metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = metrics
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "metrics.jsonl:\n{metrics}");
     // Groups train whole: a sample of an accepted group never goes missing.
     let mut per_group: BTreeMap<String, usize> = BTreeMap::new();
     for (_, key) in &consumed {

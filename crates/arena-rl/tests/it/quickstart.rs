@@ -113,21 +113,23 @@ fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
 }
 
 /// The README's headline, asserted: the quickstart at a reduced scale (800 warm-up steps, 50 GRPO steps)
-/// learns, and its `actor.lr=0` control, the same run with frozen weights, does not. The margin between their
-/// last-10-step mean rewards must be at least 0.2 (measured here: about 0.38; the full quickstart's is about
-/// 0.45). Seeds are fixed; rollout concurrency still makes a run's exact rewards vary.
+/// learns, and its `actor.lr=0` control, the same run with frozen weights, does not. The trained run's
+/// last-10-step mean reward must be at least 0.2 above the control's mean (measured on 2 cores: 0.68, 0.70 and
+/// 0.72 over three runs against a control of about 0.32). A frozen policy's reward has the same distribution
+/// at every step, so the control runs 10 steps and its mean over all of them is the comparison. Seeds are
+/// fixed; rollout concurrency still makes a run's exact rewards vary.
 #[test]
 fn the_quickstart_learns_and_its_frozen_control_does_not() {
     let root = tempfile::tempdir().unwrap();
     let fileroot = format!("cluster.fileroot={}", root.path().display());
-    let last10 = |trial: &str, extra: &[&str]| -> f64 {
+    let last10 = |trial: &str, steps: u64, extra: &[&str]| -> f64 {
         let out = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
             .arg("quickstart")
             .args(["--warmup-steps", "800", "--warmup-conversations", "1024"])
             .args([
                 fileroot.as_str(),
                 &format!("trial_name={trial}"),
-                "actor.total_train_steps=50",
+                &format!("actor.total_train_steps={steps}"),
                 "metrics.progress=false",
                 "econfig.arena_base_url=http://127.0.0.1:0",
             ])
@@ -156,9 +158,9 @@ fn the_quickstart_learns_and_its_frozen_control_does_not() {
         eprintln!("{trial}: {line}");
         last
     };
-    let trained = last10("learns", &[]);
+    let trained = last10("learns", 50, &[]);
     // The control reuses the warmed-up policy cached under the same fileroot.
-    let control = last10("control", &["actor.lr=0"]);
+    let control = last10("control", 10, &["actor.lr=0"]);
     assert!(
         trained - control >= 0.2,
         "the trained run's last-10 mean reward {trained:.3} is not 0.2 above the control's {control:.3}"

@@ -203,6 +203,8 @@ pub(crate) fn config(base: &str, root: &Path, model: &Path, extra: &[&str]) -> R
         "metrics.progress=false".to_string(),
         "econfig.arena_streams=[{name: sim-chat, stream_id: sim-chat, harness: chat-sim@1, llm_protocol: chat_completions, expected_reward_ref: {key: sim-grader, version: \"1\"}}]".to_string(),
         "econfig.arena_poll_interval=0.05".to_string(),
+        // One round of launches per step, as the reference runs it; tests of dynamic sampling raise it.
+        "rollout.max_oversample_factor=1".to_string(),
     ];
     overrides.extend(extra.iter().map(|s| (*s).to_string()));
     stream_config::load_run_config_str("quickstart.yaml", &text, &overrides, &env()).unwrap()
