@@ -11,11 +11,14 @@
 //!   consumes rollouts only from here, so a finished rollout is never lost and never run again.
 //! - `step` after a training step (informational; the checkpoint decides where a resumed run starts).
 //!
+//! The journal's directory is created 0700 and the file 0600, neither ever opened through a symlink, and the
+//! directory is fsynced once the file exists (`reward_routing::open_private_file`, as the audit shards).
+//!
 //! On open, the journal is read back: a torn last line (a kill in the middle of a write) is cut off, and
 //! [`JournalState`] says which routes and tasks a killed process left behind and which rollouts are done.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead as _, BufReader, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -215,15 +218,19 @@ impl Journal {
             let path = at.to_path_buf();
             move |source| Error::Journal { path, action, source }
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(fail("create the directory of", path))?;
-        }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(fail("open", path))?;
+        // Private and never through a symlink, as the audit shards: the directory 0700, the file 0600, the
+        // directory fsynced after the file is created.
+        let absolute = std::path::absolute(path).map_err(fail("resolve the path of", path))?;
+        let (Some(dir), Some(name)) = (absolute.parent(), absolute.file_name().and_then(|n| n.to_str()))
+        else {
+            return Err(Error::Invalid(format!(
+                "the journal path {} names no file in a directory",
+                path.display()
+            )));
+        };
+        let (mut file, _) = reward_routing::open_private_file(dir, name).map_err(|message| {
+            fail("open", path)(std::io::Error::new(std::io::ErrorKind::PermissionDenied, message))
+        })?;
         let (state, good_len) = replay(&file, path)?;
         let len = file.seek(SeekFrom::End(0)).map_err(fail("read", path))?;
         if len != good_len {

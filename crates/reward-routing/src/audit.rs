@@ -7,6 +7,8 @@
 
 mod secure;
 
+pub use secure::open_private_file;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;

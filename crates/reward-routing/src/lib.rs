@@ -34,7 +34,9 @@ mod route;
 mod test_support;
 mod transform;
 
-pub use audit::{AuditConfig, AuditRecord, AuditStats, AuditWriter, DEFAULT_MAX_RAW_BYTES};
+pub use audit::{
+    AuditConfig, AuditRecord, AuditStats, AuditWriter, DEFAULT_MAX_RAW_BYTES, open_private_file,
+};
 pub use classify::{
     CLAUDE_AGENT_PHASE_EXITED, CLAUDE_REPORTED_ERROR, Failure, FailureDisposition, classify_failure,
     is_claude_agent_phase_failure,

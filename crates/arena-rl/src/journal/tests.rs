@@ -105,3 +105,30 @@ fn sample_keys_print_compactly() {
     };
     assert_eq!(eval.to_string(), "e4g0:0");
 }
+
+#[test]
+fn the_journal_is_private_and_never_opened_through_a_symlink() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal/journal-w0.jsonl");
+    let (journal, _) = Journal::open(&path).unwrap();
+    journal.append(&record(key(0, 0, 0), 1.0)).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+    // A symlink in place of the file, or of its directory, is refused with the path named.
+    let target = dir.path().join("elsewhere.jsonl");
+    std::fs::write(&target, "").unwrap();
+    let linked = dir.path().join("journal/linked.jsonl");
+    std::os::unix::fs::symlink(&target, &linked).unwrap();
+    let err = Journal::open(&linked).unwrap_err().to_string();
+    assert!(err.contains("symlink") && err.contains("linked.jsonl"), "{err}");
+    std::os::unix::fs::symlink(dir.path().join("journal"), dir.path().join("via")).unwrap();
+    let err = Journal::open(&dir.path().join("via/journal-w0.jsonl"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("symlink") && err.contains("via"), "{err}");
+    // Reopening the real one still replays it.
+    let (_, state) = Journal::open(&path).unwrap();
+    assert_eq!(state.rollouts.len(), 1);
+}

@@ -74,6 +74,27 @@ fn open_dir(path: &Path) -> Result<OwnedFd, String> {
 /// shard that does not end in a newline (a write that failed half way) gets one first, so that the next record
 /// starts on a line of its own.
 pub(super) fn open_shard(dir: &Path, name: &str) -> Result<(File, u64), String> {
+    let shown = dir.join(name);
+    let (mut file, mut len) = open_private_file(dir, name)?;
+    if len > 0 {
+        let mut last = [0u8; 1];
+        file.read_exact_at(&mut last, len - 1)
+            .map_err(|e| format!("reading the end of {}: {e}", shown.display()))?;
+        if last[0] != b'\n' {
+            file.write_all(b"\n")
+                .map_err(|e| format!("terminating a partial line in {}: {e}", shown.display()))?;
+            len += 1;
+        }
+    }
+    Ok((file, len))
+}
+
+/// Opens file `name` in the absolute directory `dir` for reading and appending, as audit shards and the
+/// training loop's journal are: the directory is created (mode 0700) and opened one component at a time
+/// without following a symlink, the file is created with mode 0600 and never opened through a symlink, both
+/// must be owned by the effective uid and are set to 0700 / 0600, and the directory is fsynced so that a new
+/// file's name survives a crash. Returns the file and its length; the error names the path and what failed.
+pub fn open_private_file(dir: &Path, name: &str) -> Result<(File, u64), String> {
     let dir_fd = open_dir(dir)?;
     let shown = dir.join(name);
     let fd = rustix::fs::openat(
@@ -86,19 +107,9 @@ pub(super) fn open_shard(dir: &Path, name: &str) -> Result<(File, u64), String> 
         Errno::LOOP => format!("{} is a symlink; refusing to follow it", shown.display()),
         e => format!("opening {}: {e}", shown.display()),
     })?;
-    let mut len = make_private(&fd, &shown, FileType::RegularFile, Mode::RUSR | Mode::WUSR)?;
-    let mut file = File::from(fd);
-    if len > 0 {
-        let mut last = [0u8; 1];
-        file.read_exact_at(&mut last, len - 1)
-            .map_err(|e| format!("reading the end of {}: {e}", shown.display()))?;
-        if last[0] != b'\n' {
-            file.write_all(b"\n")
-                .map_err(|e| format!("terminating a partial line in {}: {e}", shown.display()))?;
-            len += 1;
-        }
-    }
-    Ok((file, len))
+    let len = make_private(&fd, &shown, FileType::RegularFile, Mode::RUSR | Mode::WUSR)?;
+    rustix::fs::fsync(&dir_fd).map_err(|e| format!("syncing {}: {e}", dir.display()))?;
+    Ok((File::from(fd), len))
 }
 
 /// Checks that `fd` is a `kind` owned by the effective uid and sets its mode to `mode`; returns its size.
