@@ -252,8 +252,11 @@ pub enum CancelOutcome {
 pub struct RunOptions {
     /// The whole launch-and-poll deadline (the reference's episode `timeout`, 1800 s).
     pub timeout: Duration,
-    /// Sent as `Idempotency-Key`; only with it is a launch retried after it may have reached Arena.
+    /// Sent as `Idempotency-Key`.
     pub idempotency_key: Option<String>,
+    /// Arena honours `idempotency_key` (a repeated key answers the task already started): only then is a
+    /// launch retried after it may have reached Arena.
+    pub key_honoured: bool,
 }
 
 impl Default for RunOptions {
@@ -261,6 +264,7 @@ impl Default for RunOptions {
         Self {
             timeout: Duration::from_secs(1800),
             idempotency_key: None,
+            key_honoured: false,
         }
     }
 }
@@ -352,13 +356,28 @@ impl ArenaClient {
         request: &LaunchRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Launched> {
+        self.launch_keyed(stream_id, request, idempotency_key, idempotency_key.is_some())
+            .await
+    }
+
+    /// [`ArenaClient::launch_one_task`] with the key sent whether or not Arena honours it: only when
+    /// `honoured` (Arena answers a repeated key with the task it already started) is the launch retried
+    /// after it may have reached Arena; otherwise the key only lets an Arena that dedupes find the task of
+    /// a launch a killed process sent.
+    pub async fn launch_keyed(
+        &self,
+        stream_id: &str,
+        request: &LaunchRequest,
+        idempotency_key: Option<&str>,
+        honoured: bool,
+    ) -> Result<Launched> {
         let body = request.to_wire()?;
         let mut call = Call::new(
             Method::POST,
             format!("/streams/{}/launch_one_task", encode_segment(stream_id)),
         )
         .json(&body);
-        call.delivery = if idempotency_key.is_some() {
+        call.delivery = if idempotency_key.is_some() && honoured {
             Delivery::Repeatable
         } else {
             Delivery::AtMostOnce
@@ -476,7 +495,7 @@ impl ArenaClient {
             let moment = format!("before launching row {}", request.data_id);
             return TaskRun::not_launched(false, None, Err(Error::hook(moment, &e)));
         }
-        let launch = self.launch_one_task(stream_id, request, key);
+        let launch = self.launch_keyed(stream_id, request, key, options.key_honoured);
         let launched = match tokio::time::timeout_at(deadline, launch).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {

@@ -2,6 +2,7 @@
 //!
 //! What is journaled, and when:
 //!
+//! - `begin` when the journal is created: the run's random nonce, part of every launch's `Idempotency-Key`.
 //! - `route` before the request that registers a gateway-mode route (the name is chosen first), and as soon as
 //!   a session-gateway route is acquired; `route_deleted` after a route is gone.
 //! - `launch` before a task launch (its sample and idempotency key), `task` as soon as Arena answers with a
@@ -96,6 +97,13 @@ pub struct RolloutRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Entry {
+    /// Written when the journal is created (or first opened by a version that writes it): a random id of
+    /// this run directory's run, in its launches' `Idempotency-Key`s, so that a new run under the same names
+    /// never meets an old run's keys.
+    Begin {
+        /// 16 random bytes, hex.
+        nonce: String,
+    },
     /// A route name, journaled before it may exist in Arena.
     Route {
         /// The route's model name.
@@ -156,6 +164,11 @@ pub struct JournalState {
     pub open_tasks: BTreeSet<String>,
     /// Finished rollouts by key (the first record of a key wins).
     pub rollouts: BTreeMap<SampleKey, RolloutRecord>,
+    /// The run's nonce (the `begin` line).
+    pub nonce: Option<String>,
+    /// Launches journaled with neither a task id nor a finished rollout after them: sent, or about to be,
+    /// when the process was killed. Arena may have started a task for each.
+    pub launches_in_flight: BTreeSet<SampleKey>,
     /// Dynamic sampling's extra draws by `(step, group)`: the row's stream and data id.
     pub draws: BTreeMap<(u64, u32), (String, String)>,
     /// The last training step journaled.
@@ -173,7 +186,12 @@ impl JournalState {
             Entry::RouteDeleted { name } => {
                 self.open_routes.remove(&name);
             }
-            Entry::Launch { .. } => {}
+            Entry::Begin { nonce } => {
+                self.nonce.get_or_insert(nonce);
+            }
+            Entry::Launch { key, .. } => {
+                self.launches_in_flight.insert(key);
+            }
             Entry::Draw {
                 step,
                 group,
@@ -182,13 +200,15 @@ impl JournalState {
             } => {
                 self.draws.entry((step, group)).or_insert((stream, data_id));
             }
-            Entry::Task { task_id, .. } => {
+            Entry::Task { key, task_id } => {
+                self.launches_in_flight.remove(&key);
                 self.open_tasks.insert(task_id);
             }
             Entry::TaskDone { task_id } => {
                 self.open_tasks.remove(&task_id);
             }
             Entry::Rollout(record) => {
+                self.launches_in_flight.remove(&record.key);
                 self.rollouts.entry(record.key).or_insert(*record);
             }
             Entry::Step { step, .. } => {
@@ -231,20 +251,26 @@ impl Journal {
         let (mut file, _) = reward_routing::open_private_file(dir, name).map_err(|message| {
             fail("open", path)(std::io::Error::new(std::io::ErrorKind::PermissionDenied, message))
         })?;
-        let (state, good_len) = replay(&file, path)?;
+        let (mut state, good_len) = replay(&file, path)?;
         let len = file.seek(SeekFrom::End(0)).map_err(fail("read", path))?;
         if len != good_len {
             file.set_len(good_len)
                 .and_then(|()| file.sync_data())
                 .map_err(fail("cut the torn end of", path))?;
         }
-        Ok((
-            Self {
-                inner: Arc::new(Mutex::new(file)),
-                path: path.to_path_buf(),
-            },
-            state,
-        ))
+        let journal = Self {
+            inner: Arc::new(Mutex::new(file)),
+            path: path.to_path_buf(),
+        };
+        if state.nonce.is_none() {
+            let nonce: String = rand::random::<[u8; 16]>()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            journal.append(&Entry::Begin { nonce: nonce.clone() })?;
+            state.nonce = Some(nonce);
+        }
+        Ok((journal, state))
     }
 
     /// The journal's path.

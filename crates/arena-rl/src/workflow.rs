@@ -61,9 +61,9 @@ pub struct Workflow {
     pub limiter: Arc<Semaphore>,
     /// The episode deadline (`econfig.timeout`).
     pub episode_timeout: Duration,
-    /// Send an `Idempotency-Key` with launches.
+    /// Arena honours the `Idempotency-Key` every launch carries (`econfig.arena_idempotent_launch`).
     pub idempotent_launch: bool,
-    /// The run's id (prefix of idempotency keys).
+    /// The run's id: its names and the journal's nonce (prefix of idempotency keys).
     pub run_id: String,
     /// `proxy.export_style` (`concat` or `individual`).
     pub export_style: rollout_proxy::ExportStyle,

@@ -31,6 +31,7 @@ pub(crate) fn spec(data_id: &str, session: Option<&str>) -> RolloutSpec {
         run: RunOptions {
             timeout: Duration::from_secs(20),
             idempotency_key: None,
+            key_honoured: false,
         },
         reward_ref: RewardRefCheck::default(),
     }

@@ -40,6 +40,7 @@ async fn no_secret_leaks_into_logs_errors_or_debug() {
     spec.run = RunOptions {
         timeout: Duration::from_millis(400),
         idempotency_key: None,
+        key_honoured: false,
     };
     captured.push(format!("{spec:?}"));
     let registry = RouteRegistry::new(client.clone(), RegistryOptions::new(60.0).unwrap());

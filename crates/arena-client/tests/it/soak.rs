@@ -70,6 +70,7 @@ async fn two_hundred_lifecycles_with_twenty_percent_faults() {
             timeout: Duration::from_secs(60),
             // Half the lifecycles may retry their launch, under a key the sim de-duplicates on.
             idempotency_key: (i % 2 == 0).then(|| format!("launch-{i}")),
+            key_honoured: true,
         };
         handles.push(tokio::spawn(
             async move { client.run_rollout(&setup, &spec).await },

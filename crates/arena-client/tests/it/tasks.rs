@@ -14,6 +14,7 @@ fn quick() -> RunOptions {
     RunOptions {
         timeout: Duration::from_secs(20),
         idempotency_key: None,
+        key_honoured: false,
     }
 }
 
@@ -83,6 +84,7 @@ async fn item_55_a_local_timeout_logs_and_cancels_the_task() {
     let options = RunOptions {
         timeout: Duration::from_millis(1500),
         idempotency_key: None,
+        key_honoured: false,
     };
     let run = client(&sim).run_task("s1", &launch("r1"), &options).await;
     let err = run.result.unwrap_err();
@@ -128,6 +130,7 @@ async fn an_arena_without_cancel_is_tolerated_and_reported_once() {
         let options = RunOptions {
             timeout: Duration::from_millis(600),
             idempotency_key: None,
+            key_honoured: false,
         };
         for row in ["r1", "r2"] {
             let err = client

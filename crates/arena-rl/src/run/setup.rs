@@ -172,7 +172,12 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         limiter: Arc::new(Semaphore::new(settings::concurrency(&config))),
         episode_timeout: config.econfig.timeout.duration(),
         idempotent_launch: config.econfig.arena_idempotent_launch,
-        run_id: format!("{}-{}", config.experiment_name, config.trial_name),
+        run_id: format!(
+            "{}-{}-{}",
+            config.experiment_name,
+            config.trial_name,
+            replay.nonce.as_deref().unwrap_or_default()
+        ),
         export_style: settings::export_style(&config),
         turn_discount: config.proxy.turn_discount,
         n_samples: config.gconfig.n_samples,
@@ -217,7 +222,42 @@ async fn clean_leftovers(
             "cleaned up routes and tasks a killed run left behind"
         );
     }
+    launch_window(replay, config);
     Ok(cleaned)
+}
+
+/// Says what becomes of the launches a killed process had sent (or was sending) without an answer: their
+/// samples are launched again under the same `Idempotency-Key`. An Arena that honours the key answers with
+/// the task it already started, which the resumed run collects; any other Arena may be running a task for
+/// each that nothing will collect (their ids never reached the journal, so they cannot be cancelled).
+fn launch_window(replay: &JournalState, config: &RunConfig) {
+    let n = replay.launches_in_flight.len();
+    if n == 0 {
+        return;
+    }
+    let samples: Vec<String> = replay
+        .launches_in_flight
+        .iter()
+        .take(8)
+        .map(ToString::to_string)
+        .collect();
+    if config.econfig.arena_idempotent_launch {
+        tracing::info!(
+            launches = n,
+            samples = %samples.join(", "),
+            "the killed run had launches without an answer; they are sent again with the same \
+             Idempotency-Key, which Arena answers with the tasks it started"
+        );
+    } else {
+        tracing::warn!(
+            launches = n,
+            samples = %samples.join(", "),
+            "the killed run had launches without an answer: Arena may be running a task for each that \
+             nothing will collect (their ids never reached the journal, so they cannot be cancelled). They \
+             carried an Idempotency-Key; if this Arena honours it, set econfig.arena_idempotent_launch=true \
+             and a resumed run finds those tasks instead of launching new ones"
+        );
+    }
 }
 
 /// Arena refused the stream (not ACTIVE, an incomplete reward ref): the stream is unhealthy, not the run.

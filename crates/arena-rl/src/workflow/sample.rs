@@ -130,7 +130,8 @@ impl Workflow {
                 .map(|_| (self.session_token)(&session.session_id)),
             run: RunOptions {
                 timeout: self.episode_timeout,
-                idempotency_key: self.idempotent_launch.then(|| format!("{}-{key}", self.run_id)),
+                idempotency_key: Some(format!("{}-{key}", self.run_id)),
+                key_honoured: self.idempotent_launch,
             },
             reward_ref: RewardRefCheck {
                 stream_name: stream.config.name.clone(),

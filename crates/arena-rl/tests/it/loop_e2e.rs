@@ -510,3 +510,101 @@ async fn drop_last_decides_whether_the_tail_is_rolled_out() {
         run.workflow.close().await.unwrap();
     }
 }
+
+/// A launch that a killed process sent without hearing back (a journaled `launch`, no `task`) is sent again
+/// by the resumed run under the same `Idempotency-Key`: an Arena that honours the key
+/// (`econfig.arena_idempotent_launch=true`) answers with the task it already started, so no second task
+/// starts and the first is collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_launch_a_kill_left_unanswered_finds_its_task_where_arena_dedupes() {
+    use arena_client::{ArenaClient, ClientConfig, LaunchRequest};
+    use arena_rl::journal::{Entry, Journal, SampleKey};
+
+    let sim = ArenaSim::start(world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    // The killed process's journal: its nonce, and the launch of s0g0:0 it was sending.
+    let path = root.path().join("quickstart/local/journal/journal-w0.jsonl");
+    let (journal, state) = Journal::open(&path).unwrap();
+    let key = SampleKey {
+        eval: false,
+        step: 0,
+        group: 0,
+        sample: 0,
+    };
+    let idempotency_key = format!("quickstart-local-{}-{key}", state.nonce.unwrap());
+    journal
+        .append(&Entry::Launch {
+            key,
+            idempotency_key: Some(idempotency_key.clone()),
+        })
+        .unwrap();
+    drop(journal);
+    // The task that launch started in Arena before the kill; its harness talks to the dead process.
+    let client =
+        ArenaClient::new(ClientConfig::new(&sim.base_url(), "sim-token".to_string().into()).unwrap())
+            .unwrap();
+    let request = LaunchRequest {
+        data_id: "sim-chat-row-0".to_string(),
+        model_name: "killed-route".to_string(),
+        base_url: "http://127.0.0.1:9/v1".to_string(),
+        api_key: "killed-key".to_string().into(),
+        envs: Default::default(),
+        session_id: Some("killed-session".to_string()),
+        harness: None,
+    };
+    let arena_client::Launched::Running { task_id: first } = client
+        .launch_keyed("sim-chat", &request, Some(&idempotency_key), true)
+        .await
+        .unwrap()
+    else {
+        panic!("the sim answers a launch with a running task")
+    };
+    assert_eq!(sim.counters().launches, 1);
+
+    let config = config(
+        &sim.base_url(),
+        root.path(),
+        &model,
+        &[
+            "actor.total_train_steps=1",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "econfig.arena_idempotent_launch=true",
+        ],
+    );
+    let summary = train(
+        config,
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 2).handle()),
+            step: Box::new(FrozenPolicy::default()),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.steps_trained, 1);
+    let counters = sim.counters();
+    assert_eq!(counters.idempotent_replays, 1, "{counters:?}");
+    assert_eq!(
+        counters.launches, 4,
+        "three new tasks and the killed launch's one: {counters:?}"
+    );
+    let (_, state) = Journal::open(&path).unwrap();
+    let record = &state.rollouts[&key];
+    assert_eq!(
+        record.task_id.as_deref(),
+        Some(first.as_str()),
+        "s0g0:0 collected its first task"
+    );
+    assert!(
+        state.open_tasks.is_empty(),
+        "every task collected: {:?}",
+        state.open_tasks
+    );
+    assert!(
+        state.launches_in_flight.is_empty(),
+        "{:?}",
+        state.launches_in_flight
+    );
+}

@@ -84,6 +84,7 @@ async fn rollout(
         run: RunOptions {
             timeout: Duration::from_secs(180),
             idempotency_key: None,
+            key_honoured: false,
         },
         reward_ref: Default::default(),
     };

@@ -93,6 +93,7 @@ async fn session_rollout(
         run: RunOptions {
             timeout: Duration::from_secs(60),
             idempotency_key: None,
+            key_honoured: false,
         },
         reward_ref: Default::default(),
     };

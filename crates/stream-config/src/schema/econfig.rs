@@ -66,7 +66,11 @@ pub struct EConfig {
     pub arena_llm_route_mode: RouteMode,
     /// Protocols the registered route advertises to Arena's gateway.
     pub arena_inbound_protos: Vec<String>,
-    /// Send an `Idempotency-Key` with each task launch, so that a retried launch cannot start a second task.
+    /// Whether this Arena honours the `Idempotency-Key` every task launch carries (it answers a repeated key
+    /// with the task it already started). Then a launch is retried after a transport error, and a resumed run
+    /// finds the task of a launch its killed process sent. false (the default: Arena's published OpenAPI
+    /// schema does not promise it) still sends the key, but never retries a launch that may have reached
+    /// Arena, and a resumed run warns of the launches a kill left without an answer.
     pub arena_idempotent_launch: bool,
     /// Legacy single-stream mode: the Harness protocol (`anthropic`, `responses`, `chat_completions`);
     /// empty means inferred from the harness.
