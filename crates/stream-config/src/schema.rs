@@ -239,7 +239,10 @@ pub struct ActorConfig {
     pub lr: f64,
     /// PPO clip range of the policy ratio.
     pub eps_clip: f64,
-    /// Upper clip range when it differs from `eps_clip` (DAPO's clip-higher); null uses `eps_clip`.
+    /// Upper clip range when it differs from `eps_clip` (DAPO's clip-higher); null uses `eps_clip`. A higher
+    /// upper bound (DAPO uses 0.28 with `eps_clip` 0.2) lets unlikely tokens with a positive advantage grow
+    /// faster than the symmetric clip allows, which slows the collapse of the policy's entropy
+    /// (`train/entropy`) that ends exploration.
     pub eps_clip_higher: Option<f64>,
     /// Dual clip: a negative-advantage token's loss is capped at `c_clip * |A|` (must be > 1); null disables it.
     pub c_clip: Option<f64>,
@@ -256,7 +259,10 @@ pub struct ActorConfig {
     pub kl_ctl: f64,
     /// The per-token KL estimator: `k1`, `k2` or `k3`.
     pub kl_estimator: KlEstimator,
-    /// Coefficient of the entropy bonus; 0 disables it (the reference has no entropy bonus).
+    /// Coefficient of the entropy bonus; 0 disables it (the reference has no entropy bonus). The loss
+    /// subtracts `entropy_coeff` times the mean entropy of the trained tokens, holding `train/entropy` up
+    /// against a collapse onto one answer; too large a value keeps the policy from committing at all (start
+    /// around 0.001-0.02 and watch `train/entropy` and `rollout/groups_trained`).
     pub entropy_coeff: f64,
     /// How per-token losses are averaged: `token-mean` or `seq-mean-token-mean`.
     pub loss_agg_mode: LossAggMode,

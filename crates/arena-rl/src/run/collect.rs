@@ -276,6 +276,9 @@ impl Run {
             (collected.groups.len() - accepted.len()) as f64,
         );
         metrics.set(&format!("{prefix}/group_accept_rate"), accepted.len() as f64 / n);
+        if let Some(nll) = sampled_nll(collected) {
+            metrics.set(&format!("{prefix}/sampled_nll"), nll);
+        }
         metrics.set(&format!("{prefix}/groups_drawn"), collected.groups.len() as f64);
         metrics.set(
             &format!("{prefix}/groups_extra"),
@@ -290,6 +293,27 @@ impl Run {
         }
         accepted
     }
+}
+
+/// The mean `-log p` of every token the policy sampled in a step's rollouts, trained or not: a Monte Carlo
+/// estimate of the sampling distribution's per-token entropy, on every step (`train/entropy` needs a step
+/// that trains). `None` without sampled tokens.
+fn sampled_nll(collected: &Collected) -> Option<f64> {
+    let (mut sum, mut n) = (0.0f64, 0u64);
+    for t in collected
+        .groups
+        .iter()
+        .flat_map(|g| g.records.iter())
+        .flat_map(|r| r.trajectories.iter())
+    {
+        for (&m, &lp) in t.loss_mask.iter().zip(&t.logprobs) {
+            if m != 0 && lp.is_finite() {
+                sum -= f64::from(lp);
+                n += 1;
+            }
+        }
+    }
+    (n > 0).then(|| sum / n as f64)
 }
 
 /// How many prompts dynamic sampling draws next, given the batch's size, the groups drawn so far and how many

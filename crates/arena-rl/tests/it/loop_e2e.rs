@@ -97,6 +97,11 @@ async fn the_loop_trains_on_the_sim_and_leaves_nothing_behind() {
         assert_eq!(line["rollout/arena/session_gateway_route"], 1.0);
         assert_eq!(line["rollout/arena/launch_success"], 1.0);
         assert_eq!(line["policy/version"], (k + 1) as f64);
+        // The oracle samples every token at log-probability -0.5; without dynamic sampling a step draws its
+        // batch only.
+        assert_eq!(line["rollout/sampled_nll"], 0.5, "{line}");
+        assert_eq!(line["rollout/groups_drawn"], 2.0);
+        assert_eq!(line["rollout/draw_rounds"], 1.0);
     }
     // Evaluation after step 1 (eval_every=2), recorded once under eval-rollout/ with the row's domain.
     assert!(lines[1]["eval-rollout/reward"].is_number(), "{}", lines[1]);
