@@ -32,6 +32,7 @@ pub fn generate_router(engine: Arc<dyn InferenceEngine>) -> Router {
         .route("/update_weights_from_disk", post(update_weights))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/get_server_info", get(server_info))
+        .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .with_state(engine)
 }
@@ -322,10 +323,27 @@ async fn flush_cache(State(engine): State<Arc<dyn InferenceEngine>>) -> Response
     }
 }
 
+/// As a real server started without `--context-length` answers: `context_length` is null ("use the model's
+/// config.json"; SGLang's `server_args.py`), and the length in force is `/v1/models`' (below).
 async fn server_info(State(engine): State<Arc<dyn InferenceEngine>>) -> Response {
     axum::Json(json!({
-        "context_length": engine.max_context_len(),
+        "context_length": null,
         "supports_images": engine.supports_images(),
+    }))
+    .into_response()
+}
+
+/// `/v1/models` as SGLang's OpenAI-compatible layer answers it (`serving_models`): one model, with the
+/// context length in force as `max_model_len`.
+async fn models(State(engine): State<Arc<dyn InferenceEngine>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": "policy",
+            "object": "model",
+            "owned_by": "sglang",
+            "max_model_len": engine.max_context_len(),
+        }],
     }))
     .into_response()
 }

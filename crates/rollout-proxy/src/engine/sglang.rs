@@ -64,7 +64,8 @@ mod tests;
 pub struct SglangConfig {
     /// The server's base URL, `http://host:port` (plain HTTP; SGLang runs inside the cluster).
     pub base_url: String,
-    /// The context window; `None` asks the server (`/get_server_info`'s `context_length`).
+    /// The context window; `None` asks the server (`/get_server_info`'s `context_length`, else `/v1/models`'
+    /// `max_model_len`).
     pub max_context_len: Option<usize>,
     /// Whether the served model accepts images.
     pub supports_images: bool,
@@ -209,18 +210,7 @@ impl SglangEngine {
             version: AtomicU32::new(0),
         };
         if config.max_context_len.is_none() {
-            let info = inner.call(Method::GET, "/get_server_info", Bytes::new()).await?;
-            let info: Value = serde_json::from_slice(&info)
-                .map_err(|e| EngineError::Protocol(format!("/get_server_info is not JSON: {e}")))?;
-            inner.max_context_len = info
-                .get("context_length")
-                .and_then(Value::as_u64)
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| {
-                    EngineError::Protocol(
-                        "/get_server_info has no context_length; configure max_context_len".into(),
-                    )
-                })?;
+            inner.max_context_len = inner.context_in_force().await?;
         }
         Ok(Self {
             inner: Arc::new(inner),
@@ -229,6 +219,35 @@ impl SglangEngine {
 }
 
 impl Inner {
+    /// The server's context window: `/get_server_info`'s `context_length` when the server was started with
+    /// one, else `/v1/models`' `data[0].max_model_len`, the length in force (a default SGLang server reports
+    /// `context_length: null`, "use the model's config.json"; `http_server.py` and `serving_models`).
+    async fn context_in_force(&self) -> Result<usize, EngineError> {
+        let json = |path: &'static str, body: Bytes| {
+            serde_json::from_slice::<Value>(&body)
+                .map_err(|e| EngineError::Protocol(format!("{path} is not JSON: {e}")))
+        };
+        let count = |v: Option<&Value>| v.and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
+        let info = json(
+            "/get_server_info",
+            self.call(Method::GET, "/get_server_info", Bytes::new()).await?,
+        )?;
+        if let Some(n) = count(info.get("context_length")) {
+            return Ok(n);
+        }
+        let models = json(
+            "/v1/models",
+            self.call(Method::GET, "/v1/models", Bytes::new()).await?,
+        )?;
+        count(models.pointer("/data/0/max_model_len")).ok_or_else(|| {
+            EngineError::Protocol(
+                "neither /get_server_info's context_length nor /v1/models' data[0].max_model_len is a number; \
+                 configure max_context_len"
+                    .into(),
+            )
+        })
+    }
+
     fn uri(&self, path: &str) -> Result<Uri, EngineError> {
         format!("{}{path}", self.base)
             .parse()

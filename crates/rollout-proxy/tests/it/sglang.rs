@@ -59,7 +59,11 @@ async fn sglang_engine_returns_exactly_what_the_upstream_sampled() {
         let mut config = SglangConfig::new(format!("http://{}", server.local_addr()));
         config.stream = stream;
         let engine = SglangEngine::connect(config).await.expect("connects");
-        assert_eq!(engine.max_context_len(), 1000, "read from /get_server_info");
+        assert_eq!(
+            engine.max_context_len(),
+            1000,
+            "read from /v1/models: the server info's context_length is null, as a default SGLang's"
+        );
         let (tokens, finish) = run(&engine, vec![1, 2, 3], 64).await;
         let sampled = fake.outputs().pop().expect("sampled");
         let expected: Vec<(u32, f32, u32)> = sampled.iter().map(|t| (t.id, t.logprob, t.version)).collect();
@@ -308,5 +312,44 @@ async fn logprobs_served_by_generate_router_are_not_renormalised_again() {
     assert_eq!(
         (asked.temperature, asked.top_p, asked.top_k),
         (0.6, 0.9, Some(20))
+    );
+}
+
+/// The context window: `/get_server_info`'s `context_length` when the server was started with one (then
+/// `/v1/models` is not asked), else `/v1/models`' `max_model_len`; neither is one clear error.
+#[tokio::test]
+async fn the_context_comes_from_the_server_info_else_from_v1_models() {
+    use axum::routing::get;
+    let serve = |info: serde_json::Value, models: Option<serde_json::Value>| async move {
+        let mut app =
+            axum::Router::new().route("/get_server_info", get(move || async move { axum::Json(info) }));
+        if let Some(m) = models {
+            app = app.route("/v1/models", get(move || async move { axum::Json(m) }));
+        }
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        ProxyServer::serve_router(addr, app).await.expect("listens")
+    };
+    let connect = |server: &ProxyServer| {
+        SglangEngine::connect(SglangConfig::new(format!("http://{}", server.local_addr())))
+    };
+    let started_with = serve(json!({"context_length": 2048}), None).await;
+    assert_eq!(
+        connect(&started_with).await.expect("connects").max_context_len(),
+        2048
+    );
+    let default = serve(
+        json!({"context_length": null}),
+        Some(json!({"data": [{"id": "m", "max_model_len": 8192}]})),
+    )
+    .await;
+    assert_eq!(connect(&default).await.expect("connects").max_context_len(), 8192);
+    let neither = serve(json!({}), Some(json!({"data": []}))).await;
+    let Err(err) = connect(&neither).await else {
+        panic!("a server with no context length is refused")
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("context_length") && err.contains("max_model_len"),
+        "{err}"
     );
 }
