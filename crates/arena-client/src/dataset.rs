@@ -34,6 +34,9 @@ pub struct DatasetOptions {
     pub page_size: u64,
     /// Pages in flight at once (default 4).
     pub concurrency: usize,
+    /// The most rows a stream may report (default 10 million): Arena's `total` is checked against it before
+    /// anything is requested or allocated for it.
+    pub max_rows: u64,
 }
 
 impl Default for DatasetOptions {
@@ -41,6 +44,7 @@ impl Default for DatasetOptions {
         Self {
             page_size: 1000,
             concurrency: 4,
+            max_rows: 10_000_000,
         }
     }
 }
@@ -259,6 +263,15 @@ impl ArenaClient {
             ));
         }
         let (probe_op, probe, total) = self.probe(stream_id).await?;
+        if total > options.max_rows {
+            return Err(Error::malformed(
+                probe_op,
+                format!(
+                    "total {total} is more rows than the {} a stream may hold here; refusing to page it",
+                    options.max_rows
+                ),
+            ));
+        }
         let pages: Vec<(String, Page)> = if total == 1 {
             let (_, page) = check_page(&probe_op, &probe, Some(1), 0, 1)?;
             vec![(probe_op, page)]

@@ -116,6 +116,7 @@ async fn pages_are_fetched_concurrently_but_kept_in_api_order() {
     let options = DatasetOptions {
         page_size: 500,
         concurrency: 2,
+        ..DatasetOptions::default()
     };
     let rows = client(&sim)
         .get_all_dataset_rows_with("big", LlmProtocol::ChatCompletions, &options)
@@ -131,6 +132,7 @@ async fn pagination_error(world: World, stream: &str, rule: FaultRule, concurren
     let options = DatasetOptions {
         page_size: 1000,
         concurrency,
+        ..DatasetOptions::default()
     };
     client(&sim)
         .get_all_dataset_rows_with(stream, LlmProtocol::ChatCompletions, &options)
@@ -209,4 +211,22 @@ async fn shards_of_a_downloaded_dataset_partition_it() {
     assert!(a.iter().all(|r| !b.contains(r)));
     assert_eq!(a[0].data_id, "big-row-0");
     assert_eq!(b[0].data_id, "big-row-1");
+}
+
+/// Arena's `total` is checked before anything is requested or allocated for it: a stream reporting more rows
+/// than `max_rows` is refused after the probe alone.
+#[tokio::test]
+async fn a_total_over_the_bound_is_refused_before_paging() {
+    let sim = start(big(2500)).await;
+    let options = DatasetOptions {
+        max_rows: 2000,
+        ..DatasetOptions::default()
+    };
+    let err = client(&sim)
+        .get_all_dataset_rows_with("big", LlmProtocol::ChatCompletions, &options)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("total 2500") && err.contains("2000"), "{err}");
+    assert_eq!(sim.counters().requests_to(Endpoint::Dataset), 1, "only the probe");
 }

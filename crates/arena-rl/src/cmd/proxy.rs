@@ -1,8 +1,9 @@
 //! `arena-rl proxy`: runs the rollout proxy from the shell, in front of the deterministic fake engine or an
 //! SGLang server, until SIGTERM or Ctrl-C.
 //!
-//! The admin key comes from `SWE_RL_ADMIN_API_KEY` (never from the command line); without it the public
-//! default key is used, which the proxy refuses on anything but a loopback address.
+//! The admin key comes from `SWE_RL_ADMIN_API_KEY` (never from the command line); without it a random key is
+//! made for this process and written to a file of mode 0600 (`--admin-key-file`, by default under the
+//! system's temporary directory), whose path the log names; the key itself is never printed.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use rollout_proxy::{
     ChatModel, FakeEngine, FakeEngineConfig, InferenceEngine, ProxyConfig, ProxyServer, ProxyState,
-    SglangConfig, SglangEngine, ToolCallFormat, auth,
+    SglangConfig, SglangEngine, ToolCallFormat,
 };
 use secrecy::SecretString;
 
@@ -45,6 +46,10 @@ pub(crate) struct Args {
     /// Let sessions start without `/grant_capacity` calls.
     #[arg(long)]
     no_capacity_grants: bool,
+    /// Where to write the random admin key made when `SWE_RL_ADMIN_API_KEY` is not set (mode 0600; it must
+    /// not exist yet). Default: `arena-rl-proxy-<pid>.admin-key` in the temporary directory.
+    #[arg(long)]
+    admin_key_file: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
@@ -89,7 +94,7 @@ async fn serve(args: Args) -> Result<()> {
     };
     let admin_key = match std::env::var(ADMIN_KEY_ENV) {
         Ok(key) if !key.is_empty() => SecretString::from(key),
-        _ => SecretString::from(auth::DEFAULT_ADMIN_KEY),
+        _ => random_admin_key(args.admin_key_file.as_deref())?,
     };
     let mut config = ProxyConfig::new(admin_key);
     config.tool_calls = match args.tool_calls.as_str() {
@@ -106,6 +111,40 @@ async fn serve(args: Args) -> Result<()> {
     eprintln!("shutting down");
     server.shutdown().await?;
     Ok(())
+}
+
+/// A random admin key, written to a new file of mode 0600 whose path is logged (`create_new` refuses an
+/// existing path, a symlink included, so the key never lands in a file someone prepared).
+fn random_admin_key(path: Option<&std::path::Path>) -> Result<SecretString> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = path.map_or_else(
+        || std::env::temp_dir().join(format!("arena-rl-proxy-{}.admin-key", std::process::id())),
+        std::path::Path::to_path_buf,
+    );
+    let key: String = rand::random::<[u8; 24]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "creating the admin key file {} (it must not exist yet)",
+                path.display()
+            )
+        })?;
+    file.write_all(key.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing the admin key file {}", path.display()))?;
+    eprintln!(
+        "{ADMIN_KEY_ENV} is not set: made a random admin key for this proxy and wrote it to {} (mode 0600)",
+        path.display()
+    );
+    Ok(SecretString::from(key))
 }
 
 async fn shutdown_signal() -> Result<()> {

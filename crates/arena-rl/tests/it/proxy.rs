@@ -95,3 +95,76 @@ async fn proxy_serves_the_fake_engine_and_stops_on_sigterm() {
         "the admin key is never printed"
     );
 }
+
+/// Without `SWE_RL_ADMIN_API_KEY` the proxy makes a random admin key, writes it to a new file of mode 0600
+/// and names the file in its log (never the key); the public default key is refused, the file's key works,
+/// and an existing file is never overwritten.
+#[tokio::test]
+async fn without_an_admin_key_the_proxy_makes_one_in_a_private_file() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let model = std::env::var_os("ARENA_RL_SMOLLM2").expect("ARENA_RL_SMOLLM2 is set by cargo xtask test");
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("admin.key");
+    let spawn = |file: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_arena-rl"))
+            .args([
+                "proxy",
+                "--engine",
+                "fake",
+                "--port",
+                "0",
+                "--no-capacity-grants",
+                "--model",
+            ])
+            .arg(&model)
+            .arg("--admin-key-file")
+            .arg(file)
+            .env_remove("SWE_RL_ADMIN_API_KEY")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts")
+    };
+    let mut child = spawn(&key_file);
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("prints its address");
+    let addr = line
+        .trim()
+        .strip_prefix("rollout proxy listening on http://")
+        .expect("address")
+        .to_string();
+    let key = std::fs::read_to_string(&key_file).expect("the key file exists");
+    assert_eq!(
+        std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(key.len(), 48);
+    let public = http(
+        &addr,
+        "POST",
+        "/rl/start_session",
+        "areal-admin-key",
+        r#"{"task_id": "x"}"#,
+    )
+    .await;
+    assert!(public.starts_with("HTTP/1.1 403"), "{public}");
+    let started = http(&addr, "POST", "/rl/start_session", &key, r#"{"task_id": "x"}"#).await;
+    assert!(started.starts_with("HTTP/1.1 200"), "{started}");
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("admin.key"), "the log names the file: {log}");
+    assert!(!log.contains(&key), "the log never shows the key: {log}");
+    // A second proxy refuses to reuse (overwrite) the file.
+    let second = spawn(&key_file).wait_with_output().unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("admin.key") && err.contains("must not exist"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key);
+}
