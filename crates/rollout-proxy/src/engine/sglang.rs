@@ -218,6 +218,16 @@ impl SglangEngine {
     }
 }
 
+/// What an SGLang refusal (an HTTP error, or a streamed error chunk) means: a prompt over the context window
+/// is the client's invalid request (the proxy's context-overflow path), anything else the upstream's error.
+fn refusal(status: u16, body: &str) -> EngineError {
+    let body: String = body.chars().take(500).collect();
+    if status == 400 && body.contains("context length") {
+        return EngineError::InvalidRequest(body);
+    }
+    EngineError::Upstream { status, body }
+}
+
 impl Inner {
     /// The server's context window: `/get_server_info`'s `context_length` when the server was started with
     /// one, else `/v1/models`' `data[0].max_model_len`, the length in force (a default SGLang server reports
@@ -279,15 +289,7 @@ impl Inner {
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            let text = String::from_utf8_lossy(&body);
-            let body: String = text.chars().take(500).collect();
-            if status.as_u16() == 400 && body.contains("context length") {
-                return Err(EngineError::InvalidRequest(body));
-            }
-            return Err(EngineError::Upstream {
-                status: status.as_u16(),
-                body,
-            });
+            return Err(refusal(status.as_u16(), &String::from_utf8_lossy(&body)));
         }
         Ok(response.into_body())
     }
@@ -356,9 +358,13 @@ impl Decoder {
             }
         };
         if let Some(error) = chunk.error {
-            out.push_back(Err(EngineError::Internal(format!(
-                "SGLang reported an error: {error}"
-            ))));
+            // A streaming request's validation error arrives after the 200 header as an error chunk
+            // (`tokenizer_manager.py`); it means what the non-streaming request's 400 would.
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_string);
+            out.push_back(Err(refusal(400, &message)));
             self.finished = true;
             return;
         }

@@ -353,3 +353,44 @@ async fn the_context_comes_from_the_server_info_else_from_v1_models() {
         "{err}"
     );
 }
+
+/// A streaming request's validation error arrives after SGLang's 200 header as an error chunk; it means what
+/// the non-streaming 400 means: a prompt over the context window is the client's invalid request, anything
+/// else the upstream's error, never a token.
+#[tokio::test]
+async fn streamed_error_chunks_mean_what_a_400_means() {
+    for (message, invalid) in [
+        (
+            "The input (120 tokens) is longer than the model's context length (100 tokens).",
+            true,
+        ),
+        ("temperature must be non-negative", false),
+    ] {
+        let body = format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            json!({"error": {"message": message}})
+        );
+        let app = axum::Router::new().route(
+            "/generate",
+            post(move || async move { ([("content-type", "text/event-stream")], body) }),
+        );
+        let server = ProxyServer::serve_router("127.0.0.1:0".parse().expect("addr"), app)
+            .await
+            .expect("listens");
+        let mut config = SglangConfig::new(format!("http://{}", server.local_addr()));
+        config.max_context_len = Some(100);
+        let engine = SglangEngine::connect(config).await.expect("connects");
+        let mut stream = engine.generate(GenerateRequest {
+            input_ids: vec![1].into(),
+            sampling: SamplingParams::default(),
+            images: Vec::new(),
+        });
+        let err = stream.next().await.expect("an event").expect_err("an error");
+        assert_eq!(
+            matches!(err, rollout_proxy::EngineError::InvalidRequest(_)),
+            invalid,
+            "{message}: {err:?}"
+        );
+        assert!(err.to_string().contains(message), "{err}");
+    }
+}
