@@ -29,6 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+pub mod compact;
+
 /// Identifies one rollout of a run: training step (or evaluation round), group and sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SampleKey {
@@ -87,7 +89,8 @@ pub struct RolloutRecord {
     pub task_id: Option<String>,
     /// How it feeds its group.
     pub verdict: Verdict,
-    /// The session's trajectories (empty unless trained).
+    /// The session's trajectories (empty unless trained); journaled in [`compact`] form.
+    #[serde(with = "compact")]
     pub trajectories: Vec<ExportedTrajectory>,
     /// The policy version the session started under.
     pub policy_version: u64,
