@@ -47,12 +47,13 @@ impl TrainStep for Recording {
     }
 }
 
-fn child_config(base: &str, root: &Path, model: &Path) -> stream_config::RunConfig {
+fn child_config(base: &str, root: &Path, model: &Path, mode: &str) -> stream_config::RunConfig {
     config(
         base,
         root,
         model,
         &[
+            &format!("econfig.arena_llm_route_mode={mode}"),
             &format!("actor.total_train_steps={STEPS}"),
             "train_dataset.batch_size=2",
             "gconfig.n_samples=3",
@@ -68,16 +69,17 @@ fn child_config(base: &str, root: &Path, model: &Path) -> stream_config::RunConf
 /// The child: runs the loop when the parent asks for it, otherwise does nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn child() {
-    let (Ok(base), Ok(root)) = (
+    let (Ok(base), Ok(root), Ok(mode)) = (
         std::env::var("ARENA_RL_KILL_BASE"),
         std::env::var("ARENA_RL_KILL_ROOT"),
+        std::env::var("ARENA_RL_KILL_MODE"),
     ) else {
         return;
     };
     let root = PathBuf::from(root);
     let model = root.join("model");
     let summary = train(
-        child_config(&base, &root, &model),
+        child_config(&base, &root, &model, &mode),
         &env(),
         Plugins {
             engine: Some(OracleEngine::settled(&model).handle()),
@@ -89,11 +91,12 @@ async fn child() {
     println!("CHILD-DONE resumed_at={}", summary.resumed_at);
 }
 
-fn spawn_child(base: &str, root: &Path) -> std::process::Child {
+fn spawn_child(base: &str, root: &Path, mode: &str) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args(["kill_resume::child", "--exact", "--nocapture", "--test-threads=1"])
         .env("ARENA_RL_KILL_BASE", base)
         .env("ARENA_RL_KILL_ROOT", root)
+        .env("ARENA_RL_KILL_MODE", mode)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -103,6 +106,16 @@ fn spawn_child(base: &str, root: &Path) -> std::process::Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_twice() {
+    kill_and_resume("session_gateway", 0x5eed).await;
+}
+
+/// The same in `gateway` mode, where every rollout registers and deletes its own route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_gateway_mode_leaves_no_route_and_trains_nothing_twice() {
+    kill_and_resume("gateway", 0x9a7e).await;
+}
+
+async fn kill_and_resume(mode: &str, kill_seed: u64) {
     let mut world = World::quickstart();
     world.token = "sim-token".into();
     let sim = ArenaSim::start(world).await.unwrap();
@@ -110,7 +123,7 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
     model_folder(root.path());
     let base = sim.base_url();
     // Seeded kill points (ms after start), spread over setup, rollouts, training and checkpoints.
-    let mut seed = 0x5eed_u64;
+    let mut seed = kill_seed;
     let mut kills = Vec::new();
     for _ in 0..4 {
         seed = seed
@@ -120,7 +133,7 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
     }
     let mut killed = 0;
     for ms in &kills {
-        let mut child = spawn_child(&base, root.path());
+        let mut child = spawn_child(&base, root.path(), mode);
         let deadline = std::time::Instant::now() + Duration::from_millis(*ms);
         let mut finished = false;
         while std::time::Instant::now() < deadline {
@@ -139,7 +152,8 @@ async fn kill_9_at_random_points_then_resume_loses_nothing_and_trains_nothing_tw
     let out = tokio::task::spawn_blocking({
         let base = base.clone();
         let root = root.path().to_path_buf();
-        move || spawn_child(&base, &root).wait_with_output().unwrap()
+        let mode = mode.to_string();
+        move || spawn_child(&base, &root, &mode).wait_with_output().unwrap()
     })
     .await
     .unwrap();
