@@ -95,6 +95,7 @@ fn batch(tokens: usize, vocab: usize) -> RlBatch {
             versions: vec![0; tokens],
             advantage: 1.0,
             truncated: Vec::new(),
+            temperatures: Vec::new(),
         }],
         group_sizes: vec![],
         policy_version: 0,

@@ -64,6 +64,7 @@ impl Workload {
                 versions: vec![0; self.seq_len],
                 advantage: if s % 2 == 0 { 1.0 } else { -1.0 },
                 truncated: Vec::new(),
+                temperatures: Vec::new(),
             })
             .collect();
         RlBatch {

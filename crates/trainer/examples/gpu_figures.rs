@@ -40,6 +40,7 @@ fn batch(sequences: usize, len: usize, vocab: usize) -> RlBatch {
                 versions: vec![0; len],
                 advantage: if s % 2 == 0 { 1.0 } else { -1.0 },
                 truncated: Vec::new(),
+                temperatures: Vec::new(),
             })
             .collect(),
         group_sizes: vec![],

@@ -359,7 +359,8 @@ pub(crate) struct LogitsSaved {
     /// Entropy of each row.
     pub(crate) entropy: Vec<f32>,
     pub(crate) targets: Vec<usize>,
-    pub(crate) inv_temperature: f32,
+    /// `1 / temperature` of each row.
+    pub(crate) inv_temperatures: Vec<f32>,
     /// Rows per chunk.
     pub(crate) chunk: usize,
 }
@@ -370,13 +371,21 @@ fn chunk_ranges(n: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<
     (0..n.div_ceil(chunk)).map(move |c| c * chunk..((c + 1) * chunk).min(n))
 }
 
-/// `logits = h W^T / T`, then per row `[log p(target), entropy]`, computed `chunk` rows at a time so that
-/// only one chunk's logits exist at once; keeps each row's log-sum-exp and entropy when `keep`.
+/// The one inverse temperature of a chunk's rows, if they share it: then it scales the product itself,
+/// and no row is scaled on its own.
+fn shared(inv_temperatures: &[f32]) -> Option<f32> {
+    let (&first, rest) = inv_temperatures.split_first()?;
+    rest.iter().all(|&x| x == first).then_some(first)
+}
+
+/// `logits = h W^T / T` with each row's own `T`, then per row `[log p(target), entropy]`, computed `chunk`
+/// rows at a time so that only one chunk's logits exist at once; keeps each row's log-sum-exp and entropy
+/// when `keep`.
 pub(crate) fn logits_forward(
     h: ArrayView2<'_, f32>,
     w: ArrayView2<'_, f32>,
     targets: &[usize],
-    inv_temperature: f32,
+    inv_temperatures: &[f32],
     chunk: usize,
     keep: bool,
 ) -> (Array2<f32>, Option<LogitsSaved>) {
@@ -387,12 +396,14 @@ pub(crate) fn logits_forward(
     let mut z = Array2::<f32>::zeros((chunk.clamp(1, n.max(1)), vocab));
     for range in chunk_ranges(n, chunk) {
         let rows = range.len();
+        let inv_t = &inv_temperatures[range.clone()];
+        let one_scale = shared(inv_t);
         let mut zc = z.slice_mut(s![..rows, ..]);
         gemm_into(
             zc.view_mut(),
             h.slice(s![range.clone(), ..]),
             w.t(),
-            inv_temperature,
+            one_scale.unwrap_or(1.0),
             false,
         );
         let slice = zc
@@ -400,6 +411,9 @@ pub(crate) fn logits_forward(
             .expect("leading rows of a fresh array are contiguous");
         let targets = &targets[range.clone()];
         let per_row = |(i, row): (usize, &mut [f32])| {
+            if one_scale.is_none() {
+                row.iter_mut().for_each(|z| *z *= inv_t[i]);
+            }
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let target = row[targets[i]];
             // sum_j e_j and sum_j e_j z_j with e_j = exp(z_j - max), for the log-sum-exp and the entropy.
@@ -422,7 +436,7 @@ pub(crate) fn logits_forward(
         lse: lse_all,
         entropy: out.column(1).to_vec(),
         targets: targets.to_vec(),
-        inv_temperature,
+        inv_temperatures: inv_temperatures.to_vec(),
         chunk,
     });
     (out, saved)
@@ -482,7 +496,6 @@ pub(crate) fn logits_backward(
 ) -> (Array2<f32>, Array2<f32>) {
     let n = h.nrows();
     let vocab = w.nrows();
-    let inv_t = saved.inv_temperature;
     let mut dh = Array2::<f32>::zeros((n, h.ncols()));
     let mut dw = Array2::<f32>::zeros((vocab, h.ncols()));
     let mut z = Array2::<f32>::zeros((saved.chunk.clamp(1, n.max(1)), vocab));
@@ -490,13 +503,18 @@ pub(crate) fn logits_backward(
         let rows = range.len();
         let mut zc = z.slice_mut(s![..rows, ..]);
         let hc = h.slice(s![range.clone(), ..]);
-        gemm_into(zc.view_mut(), hc, w.t(), inv_t, false);
+        let one_scale = shared(&saved.inv_temperatures[range.clone()]);
+        gemm_into(zc.view_mut(), hc, w.t(), one_scale.unwrap_or(1.0), false);
         let slice = zc
             .as_slice_mut()
             .expect("leading rows of a fresh array are contiguous");
         let start = range.start;
         let per_row = |(i, row): (usize, &mut [f32])| {
             let r = start + i;
+            let inv_t = saved.inv_temperatures[r];
+            if one_scale.is_none() {
+                row.iter_mut().for_each(|z| *z *= inv_t);
+            }
             let a = grad[[r, 0]];
             logits_grad_row(row, saved.lse[r], a, grad[[r, 1]], saved.entropy[r], inv_t);
             row[saved.targets[r]] += a * inv_t;

@@ -38,7 +38,7 @@ pub struct GrpoStep {
     trainer: Option<Trainer>,
     /// Steps in a row that had no trainable group.
     skipped_in_a_row: u64,
-    /// The off-temperature warning was given.
+    /// The note that tokens were sampled off `gconfig.temperature` was given.
     warned_temperature: bool,
 }
 
@@ -124,7 +124,10 @@ impl GrpoStep {
 }
 
 /// The share of trained tokens sampled at another temperature than `temperature` (greedy tokens count as
-/// temperature 1, as they are recorded); 0 for records that carry no temperatures.
+/// temperature 1, as they are recorded and trained); 0 for records that carry no temperatures.
+///
+/// The trainer scores each token at the temperature it records, so these tokens are trained right; the
+/// share says how much of the run a harness sampled at its own temperature instead of the run's.
 pub(crate) fn off_temperature_share(batch: &TrainBatch, temperature: f64) -> f64 {
     let (mut trained, mut off) = (0u64, 0u64);
     for s in &batch.samples {
@@ -133,9 +136,10 @@ pub(crate) fn off_temperature_share(batch: &TrainBatch, temperature: f64) -> f64
                 continue;
             }
             trained += 1;
+            let scored_at = |t: f32| if t > 0.0 { f64::from(t) } else { 1.0 };
             if s.temperatures
                 .get(i)
-                .is_some_and(|&t| (f64::from(t) - temperature).abs() > 1e-6)
+                .is_some_and(|&t| (scored_at(t) - temperature).abs() > 1e-6)
             {
                 off += 1;
             }
@@ -148,7 +152,8 @@ pub(crate) fn off_temperature_share(batch: &TrainBatch, temperature: f64) -> f64
     }
 }
 
-/// The trainer's batch for the loop's: one sequence per trajectory.
+/// The trainer's batch for the loop's: one sequence per trajectory, each token scored at the temperature
+/// the proxy exported for it (records without temperatures at `gconfig.temperature`).
 pub fn to_rl_batch(batch: &TrainBatch) -> RlBatch {
     RlBatch {
         sequences: batch
@@ -167,6 +172,7 @@ pub fn to_rl_batch(batch: &TrainBatch) -> RlBatch {
                     versions: s.versions.clone(),
                     advantage: s.advantage as f32,
                     truncated: s.truncated.iter().map(|&t| t != 0).collect(),
+                    temperatures: s.temperatures.clone(),
                 }
             })
             .collect(),
@@ -220,13 +226,15 @@ impl TrainStep for GrpoStep {
         let off = off_temperature_share(batch, self.config.ppo.temperature);
         if off > 0.0 && !self.warned_temperature {
             self.warned_temperature = true;
-            tracing::warn!(
+            tracing::info!(
                 step,
                 share = off,
                 temperature = self.config.ppo.temperature,
-                "some trained tokens were sampled at another temperature than gconfig.temperature, which the \
-                 trainer scores every token at; set gconfig.harness_sampling: override to sample every token \
-                 at gconfig.temperature (train/off_temperature_tokens is the share per step)"
+                "some trained tokens were sampled at another temperature than gconfig.temperature (a harness \
+                 sent its own); the trainer scores each token at the temperature it was sampled at, so the \
+                 update is right, but the run does not sample at gconfig.temperature: set \
+                 gconfig.harness_sampling: override if it should (train/off_temperature_tokens is the share \
+                 per step)"
             );
         }
         let rl = to_rl_batch(batch);
@@ -264,11 +272,11 @@ fn not_begun() -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{TrainBatch, off_temperature_share, warn_after_skips};
+    use super::{TrainBatch, off_temperature_share, to_rl_batch, warn_after_skips};
     use crate::train::TrainSample;
 
     #[test]
-    fn tokens_sampled_at_another_temperature_are_counted() {
+    fn tokens_sampled_at_another_temperature_are_counted_and_passed_on() {
         let sample = |temperatures: Vec<f32>| TrainSample {
             key: crate::journal::SampleKey {
                 eval: false,
@@ -291,6 +299,11 @@ mod tests {
         };
         assert!((off_temperature_share(&batch, 1.0) - 2.0 / 6.0).abs() < 1e-12);
         assert!((off_temperature_share(&batch, 0.7) - 1.0 / 6.0).abs() < 1e-12);
+        // The trainer gets each token's temperature, aligned with its tokens; none stays none.
+        let rl = to_rl_batch(&batch);
+        assert_eq!(rl.sequences[0].temperatures, [1.0, 1.0, 0.7, 0.7, 1.0]);
+        assert_eq!(rl.sequences[0].temperatures.len(), rl.sequences[0].tokens.len());
+        assert!(rl.sequences[1].temperatures.is_empty());
     }
 
     #[test]

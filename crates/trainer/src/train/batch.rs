@@ -24,6 +24,10 @@ pub struct TrainSequence {
     /// True on tokens drawn from a truncated distribution (top-p < 1 or top-k); empty means none. Only the
     /// behaviour log-probability drift metric reads it, to report truncated tokens apart.
     pub truncated: Vec<bool>,
+    /// The temperature each sampled token was drawn at (anything elsewhere); the trainer scores each trained
+    /// token at its own. Empty means every token at `PpoConfig::temperature`. A greedy token (temperature
+    /// 0) is scored at temperature 1, the distribution the sampler records its log-probability under.
+    pub temperatures: Vec<f32>,
 }
 
 /// One RL step's input.
@@ -80,14 +84,17 @@ pub(crate) fn check_tokens(i: usize, tokens: &[u32], mask: &[bool], vocab: usize
 }
 
 impl RlBatch {
-    /// Checks shapes, token ids, log-probabilities and advantages; the error names the sequence and field.
+    /// Checks shapes, token ids, log-probabilities, temperatures and advantages; the error names the
+    /// sequence and field.
     pub fn check(&self, vocab: usize) -> Result<()> {
         if self.sequences.is_empty() {
             return Err(Error::Batch("the batch has no sequences".to_string()));
         }
         for (i, s) in self.sequences.iter().enumerate() {
             check_tokens(i, &s.tokens, &s.loss_mask, vocab)?;
-            for (field, len) in [("logprobs", s.logprobs.len()), ("versions", s.versions.len())] {
+            let temperatures = (!s.temperatures.is_empty()).then_some(("temperatures", s.temperatures.len()));
+            let lengths = [("logprobs", s.logprobs.len()), ("versions", s.versions.len())];
+            for (field, len) in lengths.into_iter().chain(temperatures) {
                 if len != s.tokens.len() {
                     return Err(Error::Batch(format!(
                         "sequence {i}: {field} has {len} entries for {} tokens",
@@ -105,6 +112,14 @@ impl RlBatch {
                 if m && !(lp.is_finite() && lp <= 0.0) {
                     return Err(Error::Batch(format!(
                         "sequence {i}: logprobs[{t}] = {lp} is not a log-probability"
+                    )));
+                }
+            }
+            for (t, &temperature) in s.temperatures.iter().enumerate() {
+                if s.loss_mask[t] && !(temperature.is_finite() && temperature >= 0.0) {
+                    return Err(Error::Batch(format!(
+                        "sequence {i}: temperatures[{t}] = {temperature} is not a sampling temperature \
+                         (finite and >= 0)"
                     )));
                 }
             }

@@ -35,10 +35,33 @@ fn int_column<B: Backend>(values: &[i64], device: &B::Device) -> Tensor<B, 2, In
     Tensor::from_data(TensorData::new(values.to_vec(), [values.len(), 1]), device)
 }
 
-/// One chunk's tempered logits `h W^T / T`.
-fn logits<B: Backend>(h: Tensor<B, 2>, w: Tensor<B, 2>, temperature: f64, autocast: bool) -> Tensor<B, 2> {
-    let z = mm(h, w.transpose(), autocast);
-    if temperature == 1.0 { z } else { z / temperature }
+/// `z` with row `i` multiplied by `scales[i]`: untouched when every scale is 1 (the common case), one
+/// scalar product when they all agree.
+fn scale_rows<B: Backend>(z: Tensor<B, 2>, scales: &[f32]) -> Tensor<B, 2> {
+    match scales.split_first() {
+        Some((&first, rest)) if rest.iter().all(|&s| s == first) => {
+            if first == 1.0 {
+                z
+            } else {
+                z * f64::from(first)
+            }
+        }
+        Some(_) => {
+            let device = z.device();
+            z * host_tensor::<B, 2>(scales.to_vec(), [scales.len(), 1], &device)
+        }
+        None => z,
+    }
+}
+
+/// One chunk's tempered logits: `h W^T` with row `i` multiplied by `inv_temperatures[i]`.
+fn logits<B: Backend>(
+    h: Tensor<B, 2>,
+    w: Tensor<B, 2>,
+    inv_temperatures: &[f32],
+    autocast: bool,
+) -> Tensor<B, 2> {
+    scale_rows(mm(h, w.transpose(), autocast), inv_temperatures)
 }
 
 /// Row-wise log-sum-exp over the last dimension, kept as a size-1 dimension.
@@ -47,12 +70,13 @@ fn logsumexp<B: Backend, const D: usize>(z: Tensor<B, D>) -> Tensor<B, D> {
     max.clone() + (z - max).exp().sum_dim(D - 1).log()
 }
 
-/// `[log p(target), entropy]` per row, `[N, 2]`, and each row's log-sum-exp `[N, 1]`.
+/// `[log p(target), entropy]` per row at the row's inverse temperature, `[N, 2]`, and each row's
+/// log-sum-exp `[N, 1]`.
 pub(crate) fn logp_forward<B: Backend>(
     h: Tensor<B, 2>,
     w: Tensor<B, 2>,
     targets: &[i64],
-    temperature: f64,
+    inv_temperatures: &[f32],
     autocast: bool,
     chunk: usize,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
@@ -64,7 +88,7 @@ pub(crate) fn logp_forward<B: Backend>(
         let z = logits(
             h.clone().slice([r.clone(), 0..hidden]),
             w.clone(),
-            temperature,
+            &inv_temperatures[r.clone()],
             autocast,
         );
         let lse = logsumexp(z.clone());
@@ -93,7 +117,7 @@ pub(crate) struct LogpSaved<B: Backend> {
     /// `[N, 1]`.
     entropy: Tensor<B, 2>,
     targets: Arc<Vec<i64>>,
-    temperature: f64,
+    inv_temperatures: Arc<Vec<f32>>,
     autocast: bool,
     chunk: usize,
 }
@@ -106,7 +130,8 @@ pub(crate) fn logp_backward<B: Backend>(g: Tensor<B, 2>, s: &LogpSaved<B>) -> (T
     let mut dw: Option<Tensor<B, 2>> = None;
     for r in ranges(n, s.chunk) {
         let hc = s.h.clone().slice([r.clone(), 0..hidden]);
-        let z = logits(hc.clone(), s.w.clone(), s.temperature, s.autocast);
+        let inv_t = &s.inv_temperatures[r.clone()];
+        let z = logits(hc.clone(), s.w.clone(), inv_t, s.autocast);
         let lp = z.clone() - s.lse.clone().slice([r.clone(), 0..1]);
         let p = lp.clone().exp();
         let a = g.clone().slice([r.clone(), 0..1]);
@@ -120,11 +145,7 @@ pub(crate) fn logp_backward<B: Backend>(g: Tensor<B, 2>, s: &LogpSaved<B>) -> (T
             a,
             IndexingUpdateOp::Add,
         );
-        let dz = if s.temperature == 1.0 {
-            dz
-        } else {
-            dz / s.temperature
-        };
+        let dz = scale_rows(dz, inv_t);
         dh.push(mm(dz.clone(), s.w.clone(), s.autocast));
         let part = mm(dz.transpose(), hc, s.autocast);
         dw = Some(match dw {
@@ -365,7 +386,7 @@ pub(crate) fn logp_autodiff<B: Backend>(
     h: Tensor<Autodiff<B>, 2>,
     w: Tensor<Autodiff<B>, 2>,
     targets: &[i64],
-    temperature: f64,
+    inv_temperatures: &[f32],
     autocast: bool,
     chunk: usize,
 ) -> Tensor<Autodiff<B>, 2> {
@@ -375,7 +396,7 @@ pub(crate) fn logp_autodiff<B: Backend>(
         .compute_bound()
         .stateful();
     let (hi, wi) = (inner::<B, 2>(h.primitive), inner::<B, 2>(w.primitive));
-    let (out, lse) = logp_forward(hi.clone(), wi.clone(), targets, temperature, autocast, chunk);
+    let (out, lse) = logp_forward(hi.clone(), wi.clone(), targets, inv_temperatures, autocast, chunk);
     let n = targets.len();
     let out = match prep {
         OpsKind::Tracked(prep) => {
@@ -385,7 +406,7 @@ pub(crate) fn logp_autodiff<B: Backend>(
                 lse,
                 entropy: out.clone().slice([0..n, 1..2]),
                 targets: Arc::new(targets.to_vec()),
-                temperature,
+                inv_temperatures: Arc::new(inv_temperatures.to_vec()),
                 autocast,
                 chunk,
             };

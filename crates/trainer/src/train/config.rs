@@ -105,7 +105,9 @@ pub struct PpoConfig {
     pub entropy_coeff: f64,
     /// Token-level advantage normalisation; `None` uses the advantages as given.
     pub adv_norm: Option<AdvNorm>,
-    /// Sampling temperature of the behaviour policy: logits are divided by it before the log-softmax.
+    /// Sampling temperature of the behaviour policy for sequences that record none
+    /// (`TrainSequence::temperatures` empty): logits are divided by it before the log-softmax. A sequence
+    /// that records its tokens' temperatures is scored at those instead.
     pub temperature: f64,
 }
 

@@ -104,7 +104,7 @@ impl Kernels for Cpu {
         h: Tensor<Self, 2>,
         w: Tensor<Self, 2>,
         t: &[i64],
-        temperature: f64,
+        inv_temperatures: &[f32],
         _autocast: bool,
         chunk: usize,
     ) -> Tensor<Self, 2> {
@@ -113,7 +113,7 @@ impl Kernels for Cpu {
             view::<Ix2>(&h),
             view::<Ix2>(&w),
             &targets(t),
-            (1.0 / temperature) as f32,
+            inv_temperatures,
             chunk,
             false,
         );
@@ -349,7 +349,7 @@ impl Kernels for CpuAutodiff {
         h: Tensor<Self, 2>,
         w: Tensor<Self, 2>,
         t: &[i64],
-        temperature: f64,
+        inv_temperatures: &[f32],
         _autocast: bool,
         chunk: usize,
     ) -> Tensor<Self, 2> {
@@ -359,7 +359,7 @@ impl Kernels for CpuAutodiff {
             view::<Ix2>(&h.primitive),
             view::<Ix2>(&w.primitive),
             &targets(t),
-            (1.0 / temperature) as f32,
+            inv_temperatures,
             chunk,
             tracked(&prep),
         );

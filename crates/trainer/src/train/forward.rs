@@ -91,12 +91,11 @@ pub(crate) fn layer<B: Kernels>(
     h.clone() + mlp(norm(h, &l.post_attention_layernorm), &l.mlp, pass.autocast)
 }
 
-/// Log-probabilities and entropies of the trained tokens of `p` under `model` at `temperature`.
+/// Log-probabilities and entropies of the trained tokens of `p` under `model`, each at its own temperature.
 pub(crate) fn token_logprobs<B: Kernels>(
     model: &CausalLm<B>,
     rope_table: &RopeTable,
     p: &Packed,
-    temperature: f64,
     pass: Pass,
 ) -> TokenOutputs<B> {
     let device = model.model.embed_tokens.weight.device();
@@ -116,7 +115,14 @@ pub(crate) fn token_logprobs<B: Kernels>(
         Some(head) => head.weight.val(),
         None => model.model.embed_tokens.weight.val(),
     };
-    let both = B::token_logp(h, w, &p.targets, temperature, pass.autocast, pass.logits_chunk);
+    let both = B::token_logp(
+        h,
+        w,
+        &p.targets,
+        &p.inv_temperatures,
+        pass.autocast,
+        pass.logits_chunk,
+    );
     TokenOutputs {
         logp: both.clone().slice([0..n, 0..1]).reshape([n]),
         entropy: both.slice([0..n, 1..2]).reshape([n]),

@@ -153,18 +153,18 @@ pub(crate) trait Kernels: Backend {
         chunked::attention_forward(q, k, v, runs, scale, autocast, block).0
     }
 
-    /// The output projection of hidden states `h` `[N, hidden]` with `w` `[vocab, hidden]`, divided by
-    /// `temperature`, then per row the log-probability of `targets[i]` and the entropy: `[N, 2]`, computed
-    /// `chunk` rows at a time.
+    /// The output projection of hidden states `h` `[N, hidden]` with `w` `[vocab, hidden]`, row `i`
+    /// multiplied by `inv_temperatures[i]`, then per row the log-probability of `targets[i]` and the entropy
+    /// of that tempered distribution: `[N, 2]`, computed `chunk` rows at a time.
     fn token_logp(
         h: Tensor<Self, 2>,
         w: Tensor<Self, 2>,
         targets: &[i64],
-        temperature: f64,
+        inv_temperatures: &[f32],
         autocast: bool,
         chunk: usize,
     ) -> Tensor<Self, 2> {
-        chunked::logp_forward(h, w, targets, temperature, autocast, chunk).0
+        chunked::logp_forward(h, w, targets, inv_temperatures, autocast, chunk).0
     }
 
     /// One decoder layer; with `recompute` (and autodiff) its activations are recomputed in the backward
@@ -228,19 +228,20 @@ pub(crate) fn dense_attention<B: Backend>(
     Tensor::cat(outs, 0)
 }
 
-/// The output projection, log-softmax, target log-probability and entropy over all rows at once under
-/// burn's autodiff: the reference the chunked kernels are checked against.
+/// The output projection, each row's temperature, log-softmax, target log-probability and entropy over all
+/// rows at once under burn's autodiff: the reference the chunked kernels are checked against.
 #[cfg(test)]
 pub(crate) fn dense_token_logp<B: Backend>(
     h: Tensor<B, 2>,
     w: Tensor<B, 2>,
     targets: &[i64],
-    temperature: f64,
+    inv_temperatures: &[f32],
 ) -> Tensor<B, 2> {
     let n = targets.len();
-    let logits = h.matmul(w.transpose()) / temperature;
+    let device = h.device();
+    let inv = host_tensor::<B, 2>(inv_temperatures.to_vec(), [n, 1], &device);
+    let logits = h.matmul(w.transpose()) * inv;
     let log_probs = log_softmax(logits, 1);
-    let device = log_probs.device();
     let targets: Tensor<B, 2, Int> = Tensor::from_data(TensorData::new(targets.to_vec(), [n, 1]), &device);
     let logp = log_probs.clone().gather(1, targets);
     let entropy = (log_probs.clone().exp() * log_probs).sum_dim(1).neg();
@@ -267,11 +268,11 @@ macro_rules! autodiff_kernels {
                 h: Tensor<Self, 2>,
                 w: Tensor<Self, 2>,
                 targets: &[i64],
-                temperature: f64,
+                inv_temperatures: &[f32],
                 autocast: bool,
                 chunk: usize,
             ) -> Tensor<Self, 2> {
-                chunked::logp_autodiff::<$inner>(h, w, targets, temperature, autocast, chunk)
+                chunked::logp_autodiff::<$inner>(h, w, targets, inv_temperatures, autocast, chunk)
             }
         }
     };

@@ -23,7 +23,7 @@ use crate::train::config::{MemoryConfig, TrainConfig};
 use crate::train::forward::token_logprobs;
 use crate::train::kernels::{Kernels, Pass, float_dtype};
 use crate::train::loss::{PpoConsts, behaviour_weight, kl_value, ppo_loss, sft_loss, token_weights};
-use crate::train::pack::{Packed, effective_len, pack, plan};
+use crate::train::pack::{Packed, Temperatures, effective_len, pack, plan};
 use crate::train::stats::{RangeAcc, StepStats};
 use crate::weights::{Weights, expected_shapes};
 
@@ -247,8 +247,9 @@ where
         Weights::from_model(self.model())
     }
 
-    /// The micro-batches of the sequences `(tokens, mask)` and the aggregation weight of each sequence.
-    fn plan(&self, tokens: &[&[u32]], masks: &[&[bool]]) -> Result<Plan> {
+    /// The micro-batches of the sequences `(tokens, mask)`, scored at `temperatures`, and the aggregation
+    /// weight of each sequence.
+    fn plan(&self, tokens: &[&[u32]], masks: &[&[bool]], temperatures: Temperatures<'_>) -> Result<Plan> {
         let lengths: Vec<usize> = masks.iter().map(|m| effective_len(m)).collect();
         let bins = plan(&lengths, self.config.max_tokens_per_mb);
         if bins.is_empty() {
@@ -256,7 +257,10 @@ where
         }
         let counts: Vec<usize> = masks.iter().map(|m| m.iter().filter(|&&x| x).count()).collect();
         Ok(Plan {
-            packs: bins.iter().map(|order| pack(tokens, masks, order)).collect(),
+            packs: bins
+                .iter()
+                .map(|order| pack(tokens, masks, temperatures, order))
+                .collect(),
             seq_weight: token_weights(&counts, self.config.aggregation),
             shape: Shape {
                 sequences: counts.iter().filter(|&&c| c > 0).count(),
@@ -324,18 +328,27 @@ where
         let adv = normalized_advantages(batch, cfg.adv_norm.as_ref())?;
         let tokens: Vec<&[u32]> = batch.sequences.iter().map(|s| s.tokens.as_slice()).collect();
         let masks: Vec<&[bool]> = batch.sequences.iter().map(|s| s.loss_mask.as_slice()).collect();
+        let per_token: Vec<&[f32]> = batch
+            .sequences
+            .iter()
+            .map(|s| s.temperatures.as_slice())
+            .collect();
+        let temperatures = Temperatures {
+            per_token: &per_token,
+            default: cfg.temperature,
+        };
         let Plan {
             packs,
             seq_weight,
             shape,
-        } = self.plan(&tokens, &masks)?;
+        } = self.plan(&tokens, &masks, temperatures)?;
         let model = self.model();
         let mut store = GradStore::<A::InnerBackend>::default();
         let mut tally = Tally::default();
         let mut loss = 0.0;
         let high = cfg.eps_clip_higher.unwrap_or(cfg.eps_clip);
         for p in &packs {
-            let out = token_logprobs(model, &self.rope, p, cfg.temperature, self.pass());
+            let out = token_logprobs(model, &self.rope, p, self.pass());
             let ent = if cfg.entropy_coeff > 0.0 {
                 out.entropy
             } else {
@@ -361,9 +374,9 @@ where
                 vec![1.0; p.trained()]
             };
             let ref_logp = match &self.reference {
-                Some(r) if cfg.kl_ctl > 0.0 => Some(host_vec(
-                    token_logprobs(r, &self.rope, p, cfg.temperature, self.pass()).logp,
-                )),
+                Some(r) if cfg.kl_ctl > 0.0 => {
+                    Some(host_vec(token_logprobs(r, &self.rope, p, self.pass()).logp))
+                }
                 _ => None,
             };
             let consts = PpoConsts {
@@ -431,12 +444,12 @@ where
             packs,
             seq_weight,
             shape,
-        } = self.plan(&tokens, &masks)?;
+        } = self.plan(&tokens, &masks, Temperatures::uniform(1.0))?;
         let model = self.model();
         let mut store = GradStore::<A::InnerBackend>::default();
         let (mut loss, mut ent_sum, mut n) = (0.0, 0.0, 0usize);
         for p in &packs {
-            let out = token_logprobs(model, &self.rope, p, 1.0, self.pass());
+            let out = token_logprobs(model, &self.rope, p, self.pass());
             let ent = host_vec(out.entropy.detach());
             ent_sum += ent.iter().map(|&e| f64::from(e)).sum::<f64>();
             n += p.trained();
@@ -475,8 +488,18 @@ where
         (lr, grad_norm)
     }
 
-    /// Per-token log-probabilities of whole sequences under the current weights (0 for the first token).
+    /// Per-token log-probabilities of whole sequences under the current weights at `temperature` (0 for
+    /// the first token).
     pub(crate) fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
+        self.logprobs_at(sequences, Temperatures::uniform(temperature))
+    }
+
+    /// [`Learner::logprobs`] with each token at its temperature of `temperatures`, as a step scores it.
+    pub(crate) fn logprobs_at(
+        &self,
+        sequences: &[Vec<u32>],
+        temperatures: Temperatures<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
         for (i, s) in sequences.iter().enumerate() {
             let mask: Vec<bool> = (0..s.len()).map(|t| t > 0).collect();
             crate::train::batch::check_tokens(i, s, &mask, self.model_config.vocab_size)?;
@@ -491,8 +514,8 @@ where
         let lengths: Vec<usize> = mask_refs.iter().map(|m| effective_len(m)).collect();
         let inner = self.model().valid();
         for order in plan(&lengths, self.config.max_tokens_per_mb) {
-            let p = pack(&tokens, &mask_refs, &order);
-            let lp = host_vec(token_logprobs(&inner, &self.rope, &p, temperature, self.pass()).logp);
+            let p = pack(&tokens, &mask_refs, temperatures, &order);
+            let lp = host_vec(token_logprobs(&inner, &self.rope, &p, self.pass()).logp);
             for (&(s, t), v) in p.origin.iter().zip(lp) {
                 out[s][t] = v;
             }

@@ -4,6 +4,9 @@
 //! A sequence is cut after its last trained token (later tokens cannot influence the loss of a causal model),
 //! and sequences with no trained token are left out. Within a row, sequences are ordered longest first, so
 //! equal lengths sit next to each other and their attention runs as one batched product.
+//!
+//! Each trained token carries the inverse of the temperature it is scored at: the one it was sampled at,
+//! so a row can hold tokens of several temperatures (sequences sampled apart, or turns of one trajectory).
 
 /// One sequence's place in a packed row.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +44,8 @@ pub(crate) struct Packed {
     pub(crate) targets: Vec<i64>,
     /// For each trained token: `(sequence, position)` in the batch.
     pub(crate) origin: Vec<(usize, usize)>,
+    /// For each trained token: `1 / temperature` of the distribution it is scored under.
+    pub(crate) inv_temperatures: Vec<f32>,
 }
 
 impl Packed {
@@ -74,8 +79,45 @@ pub(crate) fn plan(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
     bins.into_iter().map(|(_, seqs)| seqs).collect()
 }
 
-/// Packs the sequences `order` (tokens and masks by batch index) into one row.
-pub(crate) fn pack(tokens: &[&[u32]], masks: &[&[bool]], order: &[usize]) -> Packed {
+/// The temperatures of a batch's sequences: per token for each sequence (empty: none recorded), and the
+/// temperature of sequences that record none.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Temperatures<'a> {
+    pub(crate) per_token: &'a [&'a [f32]],
+    pub(crate) default: f64,
+}
+
+impl Temperatures<'_> {
+    /// Every token at `temperature`.
+    pub(crate) fn uniform(temperature: f64) -> Temperatures<'static> {
+        Temperatures {
+            per_token: &[],
+            default: temperature,
+        }
+    }
+
+    /// The inverse temperature token `t` of sequence `seq` is scored at: the one recorded for it, where a
+    /// greedy token (temperature <= 0) counts as temperature 1 because the sampler records its
+    /// log-probability there, or the default when the sequence records none.
+    pub(crate) fn inverse(&self, seq: usize, t: usize) -> f32 {
+        let recorded = self.per_token.get(seq).and_then(|r| r.get(t));
+        let temperature = match recorded {
+            Some(&x) if x > 0.0 => f64::from(x),
+            Some(_) => 1.0,
+            None => self.default,
+        };
+        (1.0 / temperature) as f32
+    }
+}
+
+/// Packs the sequences `order` (tokens and masks by batch index) into one row, each trained token scored
+/// at its temperature of `temperatures`.
+pub(crate) fn pack(
+    tokens: &[&[u32]],
+    masks: &[&[bool]],
+    temperatures: Temperatures<'_>,
+    order: &[usize],
+) -> Packed {
     let mut p = Packed::default();
     for &seq in order {
         let len = effective_len(masks[seq]);
@@ -87,6 +129,7 @@ pub(crate) fn pack(tokens: &[&[u32]], masks: &[&[bool]], order: &[usize]) -> Pac
                 p.rows.push((start + t - 1) as i64);
                 p.targets.push(i64::from(tokens[seq][t]));
                 p.origin.push((seq, t));
+                p.inv_temperatures.push(temperatures.inverse(seq, t));
             }
         }
         match p.runs.last_mut() {

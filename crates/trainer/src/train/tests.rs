@@ -10,7 +10,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::batch::normalized_advantages;
 use super::learner::Learner;
 use super::loss::{PpoConsts, behaviour_weight, clipped_pg, kl_value, ppo_loss, token_weights};
-use super::pack::{effective_len, pack, plan};
+use super::pack::{Temperatures, effective_len, pack, plan};
 use super::*;
 use crate::backend::{Cpu, CpuAutodiff};
 use crate::model::{AttnInput, CausalLm};
@@ -179,6 +179,7 @@ fn seq_with(tokens: usize, trained: usize, advantage: f32) -> TrainSequence {
         versions: vec![0; tokens],
         advantage,
         truncated: Vec::new(),
+        temperatures: Vec::new(),
     }
 }
 
@@ -268,15 +269,27 @@ fn packed_rows_restart_positions_and_cut_after_the_last_trained_token() {
     let b: Vec<u32> = vec![20, 21, 22];
     let b_mask = vec![false, true, true];
     assert_eq!(effective_len(&a_mask), 4);
-    let p = pack(&[&a, &b], &[&a_mask, &b_mask], &[0, 1]);
+    // `a` records its temperatures (a greedy token at 0), `b` none, so it is scored at the default.
+    let a_temps = vec![1.0, 1.0, 0.5, 0.0, 2.0];
+    let temperatures = Temperatures {
+        per_token: &[&a_temps, &[]],
+        default: 0.8,
+    };
+    let p = pack(&[&a, &b], &[&a_mask, &b_mask], temperatures, &[0, 1]);
     assert_eq!(p.tokens, vec![10, 11, 12, 13, 20, 21, 22]);
     assert_eq!(p.positions, vec![0, 1, 2, 3, 0, 1, 2]);
     // Token t is predicted by row t - 1 of its own segment.
     assert_eq!(p.rows, vec![1, 2, 4, 5]);
     assert_eq!(p.targets, vec![12, 13, 21, 22]);
     assert_eq!(p.origin, vec![(0, 2), (0, 3), (1, 1), (1, 2)]);
+    assert_eq!(p.inv_temperatures, vec![2.0, 1.0, 1.25, 1.25]);
     assert_eq!(p.runs.len(), 2);
-    let same = pack(&[&b, &b], &[&b_mask, &b_mask], &[0, 1]);
+    let same = pack(
+        &[&b, &b],
+        &[&b_mask, &b_mask],
+        Temperatures::uniform(1.0),
+        &[0, 1],
+    );
     assert_eq!(
         same.runs,
         vec![super::pack::SegmentRun {
@@ -327,6 +340,7 @@ fn random_sequence(
         versions: (0..len).map(|t| if t >= prompt { 0 } else { -1 }).collect(),
         advantage,
         truncated: Vec::new(),
+        temperatures: Vec::new(),
     }
 }
 
@@ -343,6 +357,44 @@ fn random_batch(seed: u64, vocab: usize, lens: &[(usize, usize)]) -> RlBatch {
         group_sizes: vec![],
         policy_version: 2,
     }
+}
+
+/// Gives the batch's sequences the temperatures of turns sampled apart: tokens at 0.6, 1.0 and 1.3 in turns
+/// of three, one greedy trained token (scored at 1) in the first sequence, and the last sequence recording
+/// none (scored at `PpoConfig::temperature`).
+fn mix_temperatures(batch: &mut RlBatch) {
+    let n = batch.sequences.len();
+    for s in &mut batch.sequences[..n - 1] {
+        s.temperatures = (0..s.tokens.len())
+            .map(|t| [0.6, 1.0, 1.3][(t / 3) % 3])
+            .collect();
+    }
+    let first = &mut batch.sequences[0];
+    let trained = first.loss_mask.iter().position(|&m| m).expect("a trained token");
+    first.temperatures[trained + 1] = 0.0;
+}
+
+/// The log-probabilities a step scores `batch`'s tokens with under `learner`'s weights: each token at its
+/// recorded temperature, or at `default`.
+fn scored<A: burn::tensor::backend::AutodiffBackend + Kernels>(
+    learner: &Learner<A>,
+    batch: &RlBatch,
+    default: f64,
+) -> Vec<Vec<f32>>
+where
+    A::InnerBackend: Kernels,
+{
+    let seqs: Vec<Vec<u32>> = batch.sequences.iter().map(|s| s.tokens.clone()).collect();
+    let per_token: Vec<&[f32]> = batch
+        .sequences
+        .iter()
+        .map(|s| s.temperatures.as_slice())
+        .collect();
+    let temperatures = Temperatures {
+        per_token: &per_token,
+        default,
+    };
+    learner.logprobs_at(&seqs, temperatures).unwrap()
 }
 
 /// Per-token log-probabilities of one sequence by `CausalLm::forward` (no packing, no training kernels).
@@ -454,7 +506,8 @@ fn cpu_kernel_gradients_match_burn_autodiff() {
         let c = tiny_config(arch);
         let w = tiny_weights(&c, 11);
         let policy = moved(&c, &w);
-        let batch = random_batch(5, c.vocab_size, &[(9, 3), (7, 2), (9, 5), (14, 4)]);
+        let mut batch = random_batch(5, c.vocab_size, &[(9, 3), (7, 2), (9, 5), (14, 4)]);
+        mix_temperatures(&mut batch);
         for decoupled in [false, true] {
             let mut config = full_config();
             config.ppo.use_decoupled_loss = decoupled;
@@ -501,8 +554,8 @@ fn finite_differences_agree_with_the_gradient() {
         // Behaviour log-probabilities near the policy's, so every ratio sits strictly inside the clip range
         // and the loss is smooth where it is probed.
         let mut batch = random_batch(8, c.vocab_size, &[(8, 3), (10, 4), (6, 2)]);
-        let seqs: Vec<Vec<u32>> = batch.sequences.iter().map(|s| s.tokens.clone()).collect();
-        let current = learner.logprobs(&seqs, config.ppo.temperature).unwrap();
+        mix_temperatures(&mut batch);
+        let current = scored(&learner, &batch, config.ppo.temperature);
         let mut rng = SplitMix64::new(4);
         for (s, lp) in batch.sequences.iter_mut().zip(current) {
             for (b, l) in s.logprobs.iter_mut().zip(lp) {
@@ -567,20 +620,20 @@ fn assert_close(what: &str, a: &[f64], b: &[f64], tol: f64) {
     assert!(worst <= tol * scale, "{what}: max diff {worst} (scale {scale})");
 }
 
-/// Values and input gradients of the output projection on `B` at temperature 0.9, under the upstream
-/// gradient `g`; `chunk` `None` is the whole computation of burn's autodiff.
+/// Values and input gradients of the output projection on `B`, row `i` at inverse temperature `inv[i]`,
+/// under the upstream gradient `g`; `chunk` `None` is the whole computation of burn's autodiff.
 fn logp_case<B: burn::tensor::backend::AutodiffBackend + Kernels>(
     (h, w, g): (&[f32], &[f32], &[f32]),
     (n, hidden, vocab): (usize, usize, usize),
-    targets: &[i64],
+    (targets, inv): (&[i64], &[f32]),
     chunk: Option<usize>,
 ) -> [Vec<f64>; 3] {
     let device = Default::default();
     let ht = kernels::host_tensor::<B, 2>(h.to_vec(), [n, hidden], &device).require_grad();
     let wt = kernels::host_tensor::<B, 2>(w.to_vec(), [vocab, hidden], &device).require_grad();
     let out = match chunk {
-        Some(c) => B::token_logp(ht.clone(), wt.clone(), targets, 0.9, false, c),
-        None => kernels::dense_token_logp(ht.clone(), wt.clone(), targets, 0.9),
+        Some(c) => B::token_logp(ht.clone(), wt.clone(), targets, inv, false, c),
+        None => kernels::dense_token_logp(ht.clone(), wt.clone(), targets, inv),
     };
     let gt = kernels::host_tensor::<B, 2>(g.to_vec(), [n, 2], &device);
     let grads = (out.clone() * gt).sum().backward();
@@ -601,18 +654,67 @@ fn the_chunked_output_projection_matches_the_whole_computation() {
     let targets: Vec<i64> = (0..n).map(|i| ((i * 5 + 3) % vocab) as i64).collect();
     let inputs = (&h[..], &w[..], &g[..]);
     let dims = (n, hidden, vocab);
-    let whole = logp_case::<F64>(inputs, dims, &targets, None);
-    // Chunks of 4 rows: three chunks, the last one ragged; one chunk holds rows of several sequences as the
-    // trained rows of a packed row do. Then one chunk of everything.
-    for chunk in [4, 1, usize::MAX] {
-        let f64 = logp_case::<F64>(inputs, dims, &targets, Some(chunk));
-        let cpu = logp_case::<CpuAutodiff>(inputs, dims, &targets, Some(chunk));
-        // burn's differentiation of its log-softmax agrees with the closed form to 3e-8 only, in f64.
-        for (i, (what, tol)) in [("values", 1e-12), ("dh", 1e-6), ("dw", 1e-6)].iter().enumerate() {
-            assert_close(&format!("f64 chunk {chunk} {what}"), &f64[i], &whole[i], *tol);
-            assert_close(&format!("cpu chunk {chunk} {what}"), &cpu[i], &whole[i], 2e-5);
+    let inverse = |temperatures: &[f32]| -> Vec<f32> { temperatures.iter().map(|t| 1.0 / t).collect() };
+    // Every row at 1 (no scaling), every row at 0.9 (one scale per chunk), and rows sampled at their own
+    // temperatures: with chunks of 4, the first chunk all at 1.3, the second all at 1, the last mixed.
+    let mixed = [1.3, 1.3, 1.3, 1.3, 1.0, 1.0, 1.0, 1.0, 0.6, 1.0, 1.3];
+    let cases = [
+        ("1", vec![1.0; n]),
+        ("0.9", vec![0.9; n]),
+        ("mixed", mixed.to_vec()),
+    ];
+    for (name, temperatures) in cases {
+        let inv = inverse(&temperatures);
+        let whole = logp_case::<F64>(inputs, dims, (&targets, &inv), None);
+        // Chunks of 4 rows: three chunks, the last one ragged; one chunk holds rows of several sequences as
+        // the trained rows of a packed row do. Then one chunk of everything.
+        for chunk in [4, 1, usize::MAX] {
+            let f64 = logp_case::<F64>(inputs, dims, (&targets, &inv), Some(chunk));
+            let cpu = logp_case::<CpuAutodiff>(inputs, dims, (&targets, &inv), Some(chunk));
+            let inner = logp_forward_only::<Cpu>(inputs, dims, (&targets, &inv), chunk);
+            // burn's differentiation of its log-softmax agrees with the closed form to 3e-8 only, in f64.
+            for (i, (what, tol)) in [("values", 1e-12), ("dh", 1e-6), ("dw", 1e-6)].iter().enumerate() {
+                let at = format!("temperatures {name} chunk {chunk} {what}");
+                assert_close(&format!("f64 {at}"), &f64[i], &whole[i], *tol);
+                assert_close(&format!("cpu {at}"), &cpu[i], &whole[i], 2e-5);
+            }
+            assert_close(
+                &format!("cpu forward, temperatures {name} chunk {chunk}"),
+                &inner,
+                &whole[0],
+                2e-5,
+            );
         }
     }
+    // Each mixed row is the row of the run with every row at its temperature.
+    let mixed_inv = inverse(&mixed);
+    let mixed_out = logp_case::<CpuAutodiff>(inputs, dims, (&targets, &mixed_inv), Some(4))[0].clone();
+    for t in [0.6f32, 1.0, 1.3] {
+        let inv = inverse(&vec![t; n]);
+        let uniform = logp_case::<CpuAutodiff>(inputs, dims, (&targets, &inv), Some(4))[0].clone();
+        for (r, _) in mixed.iter().enumerate().filter(|&(_, &m)| m == t) {
+            for k in 0..2 {
+                let (a, b) = (mixed_out[2 * r + k], uniform[2 * r + k]);
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "row {r} at {t}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// The output projection's values on the plain (non-autodiff) backend `B`, as the no-grad scoring runs it.
+fn logp_forward_only<B: Kernels>(
+    (h, w, _): (&[f32], &[f32], &[f32]),
+    (n, hidden, vocab): (usize, usize, usize),
+    (targets, inv): (&[i64], &[f32]),
+    chunk: usize,
+) -> Vec<f64> {
+    let device = Default::default();
+    let ht = kernels::host_tensor::<B, 2>(h.to_vec(), [n, hidden], &device);
+    let wt = kernels::host_tensor::<B, 2>(w.to_vec(), [vocab, hidden], &device);
+    host(B::token_logp(ht, wt, targets, inv, false, chunk))
 }
 
 /// Values and input gradients of attention over the packed `runs` on `B`; `block` `None` is the whole
@@ -709,7 +811,8 @@ fn chunks_blocks_and_layer_recompute_leave_the_step_unchanged() {
         let w = tiny_weights(&c, 17);
         // Packed rows of several sequences (a budget of 20 tokens): logits chunks of 5 rows straddle
         // sequence boundaries, attention blocks of 3 rows split every sequence, with a ragged last block.
-        let batch = random_batch(6, c.vocab_size, &[(9, 3), (7, 2), (9, 5), (14, 4)]);
+        let mut batch = random_batch(6, c.vocab_size, &[(9, 3), (7, 2), (9, 5), (14, 4)]);
+        mix_temperatures(&mut batch);
         let small = MemoryConfig {
             logits_chunk: 5,
             attention_block: 3,
@@ -976,6 +1079,17 @@ fn malformed_batches_are_named() {
     b.sequences[1].logprobs[3] = 0.5;
     cases.push(("positive logprob", b));
     let mut b = good();
+    b.sequences[1].temperatures = vec![1.0; 4];
+    cases.push(("short temperatures", b));
+    let mut b = good();
+    b.sequences[0].temperatures = vec![1.0; 6];
+    b.sequences[0].temperatures[3] = -0.5;
+    cases.push(("negative temperature", b));
+    let mut b = good();
+    b.sequences[1].temperatures = vec![1.0; 5];
+    b.sequences[1].temperatures[2] = f32::NAN;
+    cases.push(("nan temperature", b));
+    let mut b = good();
     b.sequences[0].advantage = f32::NAN;
     cases.push(("nan advantage", b));
     let mut b = good();
@@ -994,6 +1108,9 @@ fn malformed_batches_are_named() {
     token out of range: invalid training batch: sequence 0: token 29 is outside the vocabulary of 29
     first token trained: invalid training batch: sequence 0: loss_mask[0] is set, but the first token has no context to be predicted from
     positive logprob: invalid training batch: sequence 1: logprobs[3] = 0.5 is not a log-probability
+    short temperatures: invalid training batch: sequence 1: temperatures has 4 entries for 5 tokens
+    negative temperature: invalid training batch: sequence 0: temperatures[3] = -0.5 is not a sampling temperature (finite and >= 0)
+    nan temperature: invalid training batch: sequence 1: temperatures[2] = NaN is not a sampling temperature (finite and >= 0)
     nan advantage: invalid training batch: sequence 0: advantage NaN is not finite
     group sizes: invalid training batch: group_sizes [3] do not split 2 sequences into non-empty groups
     nothing trained: invalid training batch: no sequence has a trained token
@@ -1085,4 +1202,72 @@ fn the_drift_metric_sees_what_the_trainer_disagrees_with() {
             .any(|n| n == "train/behave_logprob_drift_truncated/mean"),
         "{names:?}"
     );
+}
+
+/// A sequence that records its tokens' temperatures is scored at them, with `PpoConfig::temperature` at 1:
+/// recorded all at T, it gets the log-probabilities of scoring it at T; with two temperatures (and a greedy
+/// token) mixed within it, each token gets the value of the uniform run at its own temperature; and a step's
+/// proximal log-probabilities are those values, so its drift against them is zero.
+#[test]
+fn each_token_is_scored_at_its_own_temperature() {
+    let c = tiny_config(Architecture::Qwen2);
+    let w = tiny_weights(&c, 13);
+    let mut config = full_config();
+    config.max_tokens_per_mb = 24;
+    config.ppo.temperature = 1.0;
+    let learner = Learner::<CpuAutodiff>::new(&c, &w, config.clone(), &Default::default(), false).unwrap();
+    // Two sequences share a micro-batch, the third has one of its own.
+    let mut batch = random_batch(4, c.vocab_size, &[(10, 3), (8, 2), (12, 5)]);
+    let seqs: Vec<Vec<u32>> = batch.sequences.iter().map(|s| s.tokens.clone()).collect();
+    let temperatures = [0.6f32, 1.0, 1.3];
+    let uniform: Vec<Vec<Vec<f32>>> = temperatures
+        .iter()
+        .map(|&t| learner.logprobs(&seqs, f64::from(t)).unwrap())
+        .collect();
+    for (k, &t) in temperatures.iter().enumerate() {
+        for s in &mut batch.sequences {
+            s.temperatures = vec![t; s.tokens.len()];
+        }
+        assert_eq!(scored(&learner, &batch, 1.0), uniform[k], "recorded at {t}");
+    }
+    assert_ne!(uniform[0], uniform[2], "the temperature matters");
+    // The first turn of each output at 0.6, the rest at 1.3, one greedy token scored at 1.
+    for s in &mut batch.sequences {
+        let start = s.loss_mask.iter().position(|&m| m).unwrap();
+        s.temperatures = (0..s.tokens.len())
+            .map(|t| if t < start + 3 { 0.6 } else { 1.3 })
+            .collect();
+    }
+    batch.sequences[1].temperatures[4] = 0.0;
+    let mixed = scored(&learner, &batch, 1.0);
+    let mut worst = 0.0f32;
+    for (i, s) in batch.sequences.iter_mut().enumerate() {
+        for t in 1..s.tokens.len() {
+            // The greedy token is scored at 1.
+            let k = temperatures
+                .iter()
+                .position(|&x| x == s.temperatures[t])
+                .unwrap_or(1);
+            let want = uniform[k][i][t];
+            worst = worst.max((mixed[i][t] - want).abs());
+            // The behaviour log-probability the sampler would have recorded at this token's temperature.
+            s.logprobs[t] = want;
+        }
+        s.versions = s.loss_mask.iter().map(|&m| if m { 2 } else { -1 }).collect();
+    }
+    eprintln!("mixed temperatures against the uniform runs: max difference {worst}");
+    assert!(worst < 1e-6, "{worst}");
+    let step = |batch: &RlBatch| {
+        let mut l = Learner::<CpuAutodiff>::new(&c, &w, config.clone(), &Default::default(), false).unwrap();
+        l.grpo_step(batch).unwrap()
+    };
+    let drift = step(&batch).behave_logprob_drift.expect("tokens of this version");
+    eprintln!("proximal at each token's temperature against the uniform runs: drift {drift:?}");
+    assert!(drift.max < 1e-6, "{drift:?}");
+    // Scored at gconfig.temperature instead, the same tokens drift: the metric would catch it.
+    for s in &mut batch.sequences {
+        s.temperatures.clear();
+    }
+    let at_one = step(&batch).behave_logprob_drift.expect("tokens of this version");
+    assert!(at_one.max > 1e-2, "{at_one:?}");
 }

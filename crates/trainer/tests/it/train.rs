@@ -45,70 +45,144 @@ fn child(name: &str, vars: &[(&str, &Path)]) -> Command {
 // ---------------------------------------------------------------- learning
 
 /// The trainer's sequence for a prompt and the policy's completion of it: loss on the sampled tokens,
-/// with the engine's log-probabilities and versions.
+/// with the engine's log-probabilities and versions, and no recorded temperatures.
 fn sampled(prompt: &[u32], out: trainer::Completion, advantage: f32) -> TrainSequence {
-    let n = prompt.len() + out.token_ids.len();
-    TrainSequence {
-        tokens: prompt.iter().chain(&out.token_ids).copied().collect(),
-        loss_mask: (0..n).map(|t| t >= prompt.len()).collect(),
-        logprobs: std::iter::repeat_n(0.0, prompt.len())
-            .chain(out.logprobs)
-            .collect(),
-        versions: std::iter::repeat_n(-1, prompt.len())
-            .chain(out.versions.iter().map(|&v| v as i64))
-            .collect(),
+    let mut s = TrainSequence {
+        tokens: prompt.to_vec(),
+        loss_mask: vec![false; prompt.len()],
+        logprobs: vec![0.0; prompt.len()],
+        versions: vec![-1; prompt.len()],
         advantage,
         truncated: Vec::new(),
+        temperatures: Vec::new(),
+    };
+    append_turn(&mut s, out, None);
+    s
+}
+
+/// Appends the policy's completion to `s` as trained tokens; with `temperature`, every token records the
+/// temperature it was sampled at (earlier tokens at 1 when `s` recorded none), as the proxy exports them.
+fn append_turn(s: &mut TrainSequence, out: trainer::Completion, temperature: Option<f32>) {
+    let n = out.token_ids.len();
+    if let Some(t) = temperature {
+        s.temperatures.resize(s.tokens.len(), 1.0);
+        s.temperatures.extend(std::iter::repeat_n(t, n));
     }
+    s.tokens.extend(&out.token_ids);
+    s.loss_mask.extend(std::iter::repeat_n(true, n));
+    s.logprobs.extend(out.logprobs);
+    s.versions.extend(out.versions.iter().map(|&v| v as i64));
+}
+
+/// `max_new_tokens` of the policy's continuation of `input` at `temperature` (0 is greedy).
+fn sample(
+    policy: &Policy,
+    input: &[u32],
+    temperature: f32,
+    seed: u64,
+    max_new_tokens: usize,
+) -> trainer::Completion {
+    policy
+        .submit(GenerationRequest {
+            input_ids: input.to_vec(),
+            sampling: SamplingParams {
+                temperature,
+                seed: Some(seed),
+                ..SamplingParams::default()
+            },
+            stop_token_ids: vec![],
+            max_new_tokens,
+        })
+        .unwrap()
+        .collect_blocking()
+        .unwrap()
+}
+
+/// The behaviour log-probability drift of one GRPO step on `sequences` (one group) with
+/// `PpoConfig::temperature` at `temperature`.
+fn drift_of(
+    c: &ModelConfig,
+    weights: &Weights,
+    temperature: f64,
+    sequences: Vec<TrainSequence>,
+) -> trainer::train::Range {
+    let train = TrainConfig {
+        ppo: PpoConfig {
+            temperature,
+            ..PpoConfig::default()
+        },
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(c.clone(), weights, train, TrainerOptions::default()).unwrap();
+    let batch = RlBatch {
+        group_sizes: vec![sequences.len()],
+        sequences,
+        policy_version: 0,
+    };
+    let stats = trainer.grpo_step(&batch).unwrap();
+    stats.behave_logprob_drift.expect("tokens of version 0")
 }
 
 /// The engine's recorded log-probabilities are the trainer's at the temperature a token was sampled at:
-/// sampled by the policy at 0.6, 1.0 and 1.3 (top-p 1), scored by the trainer at the same temperature, the
-/// drift is below 1e-4 in f32 on the CPU.
+/// sampled by the policy at 0.6, 1.0 and 1.3 (top-p 1), the drift is below 1e-4 in f32 on the CPU, both
+/// when each temperature's batch is scored at `PpoConfig::temperature` set to it, and when one batch mixes
+/// them, with `PpoConfig::temperature` at 1 and every token scored at the temperature it records: sequences
+/// of each temperature, and trajectories whose turns were sampled at 1.3, greedily (recorded as 0, scored
+/// at 1) and at 0.6.
 #[test]
 fn sampled_and_trained_log_probabilities_agree_at_each_temperature() {
     let c = config(16);
     let weights = initial(&c, 11);
     let policy = Policy::from_weights(c.clone(), &weights, PolicyOptions::default()).unwrap();
+    let prompt = vec![1u32, 4, 3];
+    let advantage = |seed: u64| if seed.is_multiple_of(2) { 1.0 } else { -1.0 };
+    let mut mixed = Vec::new();
     for temperature in [0.6f32, 1.0, 1.3] {
-        let train = TrainConfig {
-            ppo: PpoConfig {
-                temperature: f64::from(temperature),
-                ..PpoConfig::default()
-            },
-            ..TrainConfig::default()
-        };
-        let mut trainer = Trainer::new(c.clone(), &weights, train, TrainerOptions::default()).unwrap();
-        let prompt = vec![1u32, 4, 3];
-        let sequences = (0..4u64)
+        let sequences: Vec<TrainSequence> = (0..4u64)
             .map(|seed| {
-                let out = policy
-                    .submit(GenerationRequest {
-                        input_ids: prompt.clone(),
-                        sampling: SamplingParams {
-                            temperature,
-                            seed: Some(seed),
-                            ..SamplingParams::default()
-                        },
-                        stop_token_ids: vec![],
-                        max_new_tokens: 6,
-                    })
-                    .unwrap()
-                    .collect_blocking()
-                    .unwrap();
-                sampled(&prompt, out, if seed % 2 == 0 { 1.0 } else { -1.0 })
+                sampled(
+                    &prompt,
+                    sample(&policy, &prompt, temperature, seed, 6),
+                    advantage(seed),
+                )
             })
             .collect();
-        let batch = RlBatch {
-            sequences,
-            group_sizes: vec![4],
-            policy_version: 0,
-        };
-        let stats = trainer.grpo_step(&batch).unwrap();
-        let drift = stats.behave_logprob_drift.expect("tokens of version 0");
+        let drift = drift_of(&c, &weights, f64::from(temperature), sequences.clone());
         eprintln!("temperature {temperature}: behaviour log-probability drift {drift:?}");
         assert!(drift.max < 1e-4, "temperature {temperature}: {drift:?}");
+        mixed.extend(sequences.into_iter().map(|mut s| {
+            s.temperatures = (0..s.tokens.len())
+                .map(|t| if s.loss_mask[t] { temperature } else { 1.0 })
+                .collect();
+            s
+        }));
     }
+    for seed in 0..4u64 {
+        let mut s = sampled(
+            &prompt,
+            sample(&policy, &prompt, 1.3, 100 + seed, 3),
+            advantage(seed),
+        );
+        s.temperatures = (0..s.tokens.len())
+            .map(|t| if s.loss_mask[t] { 1.3 } else { 1.0 })
+            .collect();
+        for (turn, temperature) in [0.0f32, 0.6].into_iter().enumerate() {
+            let out = sample(&policy, &s.tokens, temperature, 200 + 2 * seed + turn as u64, 3);
+            append_turn(&mut s, out, Some(temperature));
+        }
+        mixed.push(s);
+    }
+    let drift = drift_of(&c, &weights, 1.0, mixed.clone());
+    eprintln!("one batch at 0.6, 1.0, 1.3 and greedy, scored at their own: drift {drift:?}");
+    assert!(drift.max < 1e-4, "mixed temperatures: {drift:?}");
+    // The same batch scored at PpoConfig::temperature alone drifts: the recorded temperatures are what
+    // keeps it in line.
+    for s in &mut mixed {
+        s.temperatures.clear();
+    }
+    let ignored = drift_of(&c, &weights, 1.0, mixed);
+    eprintln!("the same batch scored at PpoConfig::temperature 1 alone: drift {ignored:?}");
+    assert!(ignored.max > 1e-2, "temperatures ignored: {ignored:?}");
 }
 
 /// Every sampled 7 earns a point; the reward is the fraction of sevens among the sampled tokens.
@@ -249,6 +323,7 @@ fn batch_for(trainer: &Trainer, step: u64, state: u64) -> (RlBatch, u64) {
             advantage: (rng.next_f64() * 2.0 - 1.0) as f32,
             tokens,
             truncated: Vec::new(),
+            temperatures: Vec::new(),
         });
     }
     let lp = trainer
