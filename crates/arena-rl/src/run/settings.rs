@@ -204,7 +204,8 @@ pub fn memory_config(config: &RunConfig) -> trainer::MemoryConfig {
 }
 
 /// The trainer's GRPO settings: the `actor` section's objective, optimiser, schedule (its step counts are
-/// set when the loop begins) and micro-batching, and `gconfig.temperature` for the log-probabilities.
+/// set when the loop begins) and micro-batching, and `gconfig.temperature` as the temperature of the
+/// sequences that record none (every exported token records its own, at which the trainer scores it).
 pub fn train_config(config: &RunConfig) -> TrainConfig {
     let a = &config.actor;
     // Greedy sampling reports the untempered log-probabilities.
