@@ -39,6 +39,7 @@
 
 mod admission;
 mod arena;
+mod conn;
 mod control;
 mod error;
 mod fault;
@@ -52,6 +53,7 @@ mod state;
 pub mod tasks;
 mod world;
 
+pub use conn::ConnectionLimits;
 pub use error::{Error, Result};
 pub use fault::{AllEndpoints, Endpoint, EndpointSelector, FaultKind, FaultRule};
 pub use harness::{

@@ -54,7 +54,8 @@ impl Default for ConnectionLimits {
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(120),
             max_body_bytes: 32 * 1024 * 1024,
-            max_connections: 1024,
+            // Above the proxy bench's 1,024 concurrent clients plus the idle keep-alives its pool holds.
+            max_connections: 4096,
         }
     }
 }
