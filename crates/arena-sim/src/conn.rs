@@ -181,9 +181,13 @@ async fn accept_failed(e: &std::io::Error) {
 
 /// Over the connection limit: a best-effort 503 (never waiting for the socket), then the close.
 fn refuse(stream: &TcpStream) {
-    const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-connection: close\r\ncontent-length: 67\r\n\r\n{\"error\":{\"message\":\"too many connections in flight\",\"code\":503}}";
-    let _ = stream.try_write(BUSY);
+    const BODY: &str = r#"{"error":{"message":"too many connections in flight","code":503}}"#;
+    let busy = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = stream.try_write(busy.as_bytes());
     tracing::debug!("refused a connection over the connection limit");
 }
 
