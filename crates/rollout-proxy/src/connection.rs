@@ -8,6 +8,9 @@
 //! of that phase passes. Bodies are guarded as they are read ([`BodyRefused`]), so a handler can check
 //! credentials before it reads a byte of the body.
 
+#[cfg(test)]
+mod tests;
+
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::future::Future;
