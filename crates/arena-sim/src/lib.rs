@@ -28,6 +28,8 @@
 //! upstream is a 400 in the caller's error format, and an unknown, deleted or garbage-collected model a 404.
 //!
 //! It never reads a client's internals: everything it knows arrived over HTTP.
+//! Every connection is served under [`ConnectionLimits`] (header, body and idle timeouts, a body limit, a
+//! connection limit; [`SimBuilder::connection_limits`]), so a stalled or flooding client cannot hold it.
 //!
 //! Entry points: [`World`] (YAML or code, [`World::quickstart`]), [`ArenaSim::start`] /
 //! [`ArenaSim::builder`], [`tasks::TaskInstance`], and the `arena-sim` binary.
