@@ -28,6 +28,8 @@
 //! upstream is a 400 in the caller's error format, and an unknown, deleted or garbage-collected model a 404.
 //!
 //! It never reads a client's internals: everything it knows arrived over HTTP.
+//! Every connection is served under [`ConnectionLimits`] (header, body and idle timeouts, a body limit, a
+//! connection limit; [`SimBuilder::connection_limits`]), so a stalled or flooding client cannot hold it.
 //!
 //! Entry points: [`World`] (YAML or code, [`World::quickstart`]), [`ArenaSim::start`] /
 //! [`ArenaSim::builder`], [`tasks::TaskInstance`], and the `arena-sim` binary.
@@ -39,6 +41,7 @@
 
 mod admission;
 mod arena;
+mod conn;
 mod control;
 mod error;
 mod fault;
@@ -52,6 +55,7 @@ mod state;
 pub mod tasks;
 mod world;
 
+pub use conn::ConnectionLimits;
 pub use error::{Error, Result};
 pub use fault::{AllEndpoints, Endpoint, EndpointSelector, FaultKind, FaultRule};
 pub use harness::{

@@ -12,6 +12,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::arena::Arena;
+use crate::conn::{ConnectionLimits, serve_with};
 use crate::fault::{Endpoint, FaultRule};
 use crate::harness::{Harness, HarnessSet, ScriptedHarness, lock};
 use crate::state::{ArenaState, Counters, RecordedRequest, RouteInfo, TaskState};
@@ -23,6 +24,7 @@ pub struct SimBuilder {
     world: World,
     harnesses: HashMap<String, Arc<dyn Harness>>,
     addr: SocketAddr,
+    limits: ConnectionLimits,
 }
 
 impl SimBuilder {
@@ -39,9 +41,17 @@ impl SimBuilder {
         self
     }
 
+    /// Serves under these header, body and idle timeouts, body limit and connection limit instead of the
+    /// defaults.
+    pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Binds the socket and starts serving.
     pub async fn start(self) -> Result<ArenaSim> {
         self.world.validate()?;
+        self.limits.validate().map_err(Error::World)?;
         let listener = TcpListener::bind(self.addr).await.map_err(|source| Error::Bind {
             addr: self.addr,
             source,
@@ -76,11 +86,12 @@ impl SimBuilder {
         });
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let app = router(arena.clone());
+        let limits = self.limits;
         let server = tokio::spawn(async move {
             let shutdown = async {
                 let _ = stop_rx.await;
             };
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            if let Err(e) = serve_with(listener, app, limits, shutdown).await {
                 tracing::error!(error = %e, "arena-sim server stopped");
             }
         });
@@ -117,6 +128,7 @@ impl ArenaSim {
             world,
             harnesses: HashMap::new(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            limits: ConnectionLimits::default(),
         }
     }
 

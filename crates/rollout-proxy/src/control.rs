@@ -8,6 +8,7 @@ pub mod wire;
 
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -82,10 +83,16 @@ pub(crate) async fn models(State(state): State<ProxyState>) -> Response {
 pub(crate) async fn grant_capacity(
     State(state): State<ProxyState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    request: Body,
 ) -> Response {
+    if let Err(e) = state.require_admin(&headers) {
+        return e.into_response();
+    }
+    let bytes = match state.read_body(request).await {
+        Ok(bytes) => bytes,
+        Err(e) => return e.into_response(),
+    };
     answer((|| {
-        state.require_admin(&headers)?;
         let grant: GrantCapacityRequest = body(&bytes)?;
         let capacity = state.store().grant(i64::from(grant.count.unwrap_or(1)));
         Ok(axum::Json(GrantCapacityReply { capacity }).into_response())
@@ -96,10 +103,16 @@ pub(crate) async fn grant_capacity(
 pub(crate) async fn start_session(
     State(state): State<ProxyState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    request: Body,
 ) -> Response {
+    if let Err(e) = state.require_admin(&headers) {
+        return e.into_response();
+    }
+    let bytes = match state.read_body(request).await {
+        Ok(bytes) => bytes,
+        Err(e) => return e.into_response(),
+    };
     answer((|| {
-        state.require_admin(&headers)?;
         let start: StartSessionRequest = body(&bytes)?;
         let metadata = match start.metadata {
             None | Some(Value::Null) => json!({}),
@@ -145,10 +158,13 @@ fn target(caller: Caller, session_id: Option<String>) -> Result<String, ApiError
 pub(crate) async fn set_reward(
     State(state): State<ProxyState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    request: Body,
 ) -> Response {
+    let (caller, bytes) = match caller_and_body(&state, &headers, request).await {
+        Ok(read) => read,
+        Err(e) => return e.into_response(),
+    };
     answer((|| {
-        let caller = state.session_caller(&headers)?;
         let reward: SetRewardRequest = body(&bytes)?;
         if !reward.reward.is_finite() {
             return Err(ApiError::invalid("reward must be finite").with_param("reward"));
@@ -172,10 +188,13 @@ pub(crate) async fn set_reward(
 pub(crate) async fn end_session(
     State(state): State<ProxyState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    request: Body,
 ) -> Response {
+    let (caller, bytes) = match caller_and_body(&state, &headers, request).await {
+        Ok(read) => read,
+        Err(e) => return e.into_response(),
+    };
     answer((|| {
-        let caller = state.session_caller(&headers)?;
         let end: EndSessionRequest = body(&bytes)?;
         let id = target(caller, end.session_id)?;
         let summary = state.store().end(&id, Instant::now())?;
@@ -184,19 +203,30 @@ pub(crate) async fn end_session(
     })())
 }
 
+/// The caller of a session endpoint, then (only for a known caller) the body.
+async fn caller_and_body(
+    state: &ProxyState,
+    headers: &HeaderMap,
+    request: Body,
+) -> Result<(Caller, Bytes), ApiError> {
+    let caller = state.session_caller(headers)?;
+    Ok((caller, state.read_body(request).await?))
+}
+
 /// `POST /export_trajectories` (admin): waits (with a deadline) for `end_session`, exports, and forgets
 /// the session.
 pub(crate) async fn export_trajectories(
     State(state): State<ProxyState>,
     headers: HeaderMap,
-    bytes: Bytes,
+    request: Body,
 ) -> Response {
-    answer(export(&state, &headers, &bytes).await)
+    answer(export(&state, &headers, request).await)
 }
 
-async fn export(state: &ProxyState, headers: &HeaderMap, bytes: &Bytes) -> Result<Response, ApiError> {
+async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Result<Response, ApiError> {
     state.require_admin(headers)?;
-    let request: ExportRequest = body(bytes)?;
+    let bytes = state.read_body(request).await?;
+    let request: ExportRequest = body(&bytes)?;
     let _ = (request.supports_shared_tensor_references, request.is_eval);
     if !request.discount.is_finite() {
         return Err(ApiError::invalid("discount must be finite").with_param("discount"));

@@ -68,10 +68,14 @@ pub enum ApiErrorKind {
     PermissionDenied,
     /// 404: no such session or object.
     NotFound,
+    /// 408: the request body did not arrive within the body deadline.
+    RequestTimeout,
     /// 409: the request conflicts with the current state.
     Conflict,
     /// 410: the session ended, expired or was exported.
     Gone,
+    /// 413: the request body is over the size limit.
+    PayloadTooLarge,
     /// 422: the body is well-formed JSON with missing or mistyped fields, or not JSON at all.
     Unprocessable,
     /// 429: admission control refused the request; `Retry-After` says when to try again.
@@ -92,6 +96,8 @@ impl ApiErrorKind {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::PermissionDenied => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Conflict => StatusCode::CONFLICT,
             Self::Gone => StatusCode::GONE,
             Self::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
@@ -110,6 +116,8 @@ impl ApiErrorKind {
             Self::Unauthenticated => "unauthenticated",
             Self::PermissionDenied => "permission_denied",
             Self::NotFound => "not_found",
+            Self::RequestTimeout => "request_timeout",
+            Self::PayloadTooLarge => "payload_too_large",
             Self::Conflict => "conflict",
             Self::Gone => "gone",
             Self::Unprocessable => "unprocessable",
@@ -122,9 +130,12 @@ impl ApiErrorKind {
 
     fn openai_type(self) -> &'static str {
         match self {
-            Self::InvalidRequest | Self::ContextLengthExceeded | Self::Unprocessable | Self::Conflict => {
-                "invalid_request_error"
-            }
+            Self::InvalidRequest
+            | Self::ContextLengthExceeded
+            | Self::Unprocessable
+            | Self::Conflict
+            | Self::RequestTimeout
+            | Self::PayloadTooLarge => "invalid_request_error",
             Self::Unauthenticated => "authentication_error",
             Self::PermissionDenied => "permission_error",
             Self::NotFound | Self::Gone => "not_found_error",
@@ -143,9 +154,10 @@ impl ApiErrorKind {
             Self::Unauthenticated => "authentication_error",
             Self::PermissionDenied => "permission_error",
             Self::NotFound => "not_found_error",
+            Self::PayloadTooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",
             Self::Internal | Self::Upstream => "api_error",
-            Self::Timeout => "timeout_error",
+            Self::Timeout | Self::RequestTimeout => "timeout_error",
         }
     }
 }

@@ -17,7 +17,8 @@
 //!
 //! - [`ProxyState::new`] with a [`ProxyConfig`], a [`ChatModel`] ([`ChatModel::from_dir`]) and an
 //!   `Arc<dyn InferenceEngine>`; then [`router`] for tests (no socket needed), or [`ProxyServer::start`] /
-//!   [`serve`] to listen without naming the HTTP stack.
+//!   [`serve`] to listen without naming the HTTP stack, under [`ConnectionLimits`] (header, body and idle
+//!   timeouts, a body limit, a connection limit; [`serve_with`]).
 //! - Protocols: Chat Completions (`/v1/chat/completions`), Anthropic Messages (`/v1/messages`,
 //!   `/v1/messages/count_tokens`) and Responses (`/v1/responses`, `GET /v1/responses/{id}`), each also
 //!   without the `/v1` prefix; the control endpoints of reference section 6.4, whose request and reply
@@ -32,6 +33,7 @@
 //!   [`tokenizer::IncrementalDecoder`], [`parse`] (reasoning, tool calls, stop strings).
 
 pub mod auth;
+pub mod connection;
 pub mod control;
 pub mod engine;
 pub mod error;
@@ -50,6 +52,7 @@ pub mod template;
 pub mod tokenizer;
 mod trajectory;
 
+pub use connection::{BodyRefused, ConnectionLimits, serve_with};
 pub use engine::{
     EngineError, EngineEvent, FakeEngine, FakeEngineConfig, FinishReason, GenerateRequest, InferenceEngine,
     SampledToken, SamplingParams, SglangConfig, SglangEngine, TokenStream, WeightUpdate, generate_router,

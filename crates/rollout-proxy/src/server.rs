@@ -1,5 +1,6 @@
 //! The proxy's configuration and shared state, its router, and serving it (with a sweeper for idle
-//! sessions and graceful shutdown) without callers having to name the HTTP stack.
+//! sessions, the connection limits of [`crate::connection`] and graceful shutdown) without callers having
+//! to name the HTTP stack.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -7,11 +8,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::body::{Body, HttpBody};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -19,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::auth::{self, DEFAULT_ADMIN_KEY};
+use crate::connection::{self, BodyRefused, ConnectionLimits};
 use crate::control;
 use crate::engine::InferenceEngine;
 use crate::error::{ApiError, ApiErrorKind, Error, Result};
@@ -61,6 +66,8 @@ pub struct ProxyConfig {
     pub sampling: SamplingDefaults,
     /// Whether a harness's own sampling values win over the run's (default: they do, as in the reference).
     pub harness_sampling: HarnessSampling,
+    /// Header, body and idle timeouts, the body size limit and the connection limit it is served under.
+    pub connection: ConnectionLimits,
 }
 
 impl std::fmt::Debug for ProxyConfig {
@@ -77,6 +84,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("export_wait_timeout", &self.export_wait_timeout)
             .field("sampling", &self.sampling)
             .field("harness_sampling", &self.harness_sampling)
+            .field("connection", &self.connection)
             .finish_non_exhaustive()
     }
 }
@@ -99,6 +107,7 @@ impl ProxyConfig {
             default_max_new_tokens: None,
             sampling: SamplingDefaults::default(),
             harness_sampling: HarnessSampling::Honour,
+            connection: ConnectionLimits::default(),
         }
     }
 }
@@ -149,6 +158,7 @@ impl ProxyState {
             })?);
         }
         config.sampling.validate()?;
+        config.connection.validate().map_err(Error::Config)?;
         if config.admin_key.expose_secret().is_empty() {
             return Err(Error::Config("the admin key must not be empty".into()));
         }
@@ -306,6 +316,30 @@ impl ProxyState {
             .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthenticated, "invalid or inactive session key"))
     }
 
+    /// Reads a request body whole, once the caller's credentials have passed: 413 over the body limit
+    /// (at once when `Content-Length` says so), 408 when the connection's body deadline passes.
+    pub(crate) async fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
+        let limit = self.shared.config.connection.max_body_bytes;
+        let refused = |refused: BodyRefused| {
+            let kind = match refused {
+                BodyRefused::TooLarge { .. } => ApiErrorKind::PayloadTooLarge,
+                BodyRefused::TimedOut(_) => ApiErrorKind::RequestTimeout,
+            };
+            ApiError::new(kind, refused.to_string())
+        };
+        if body.size_hint().lower() > limit as u64 {
+            return Err(refused(BodyRefused::TooLarge { limit }));
+        }
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<LengthLimitError>() => Err(refused(BodyRefused::TooLarge { limit })),
+            Err(e) => Err(BodyRefused::find(&*e).map_or_else(
+                || ApiError::invalid(format!("the request body could not be read: {e}")),
+                refused,
+            )),
+        }
+    }
+
     pub(crate) fn gauges(&self) -> Gauges {
         let store = self.store();
         Gauges {
@@ -377,7 +411,6 @@ pub fn router(state: ProxyState) -> Router {
         .route("/v1/responses/{id}", get(protocol::responses::get))
         .route("/responses/{id}", get(protocol::responses::get))
         .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }
 
@@ -392,21 +425,14 @@ pub fn check_bind(addr: &SocketAddr, config: &ProxyConfig) -> Result<()> {
     Ok(())
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then finishes open requests.
+/// Serves `router` on `listener` under the default [`ConnectionLimits`] until `shutdown` completes, then
+/// finishes open requests ([`connection::serve_with`] takes the limits).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Streams are written in small frames as tokens arrive; without TCP_NODELAY, Nagle's algorithm and
-    // delayed ACKs hold frames back for tens of milliseconds.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    connection::serve_with(listener, router, ConnectionLimits::default(), shutdown).await
 }
 
 /// A running server: its address, and a handle to stop it.
@@ -423,17 +449,29 @@ impl ProxyServer {
     pub async fn start(addr: SocketAddr, state: ProxyState) -> Result<Self> {
         check_bind(&addr, &state.shared.config)?;
         let sweeper = state.spawn_sweeper();
-        let mut server = Self::serve_router(addr, router(state)).await?;
+        let limits = state.shared.config.connection.clone();
+        let mut server = Self::serve_router_with(addr, router(state), limits).await?;
         server.sweeper = Some(sweeper);
         Ok(server)
     }
 
-    /// Binds `addr` and serves any router (for instance [`crate::engine::generate_router`]).
+    /// Binds `addr` and serves any router (for instance [`crate::engine::generate_router`]) under the
+    /// default [`ConnectionLimits`].
     pub async fn serve_router(addr: SocketAddr, router: Router) -> Result<Self> {
+        Self::serve_router_with(addr, router, ConnectionLimits::default()).await
+    }
+
+    /// Binds `addr` and serves any router under `limits`.
+    pub async fn serve_router_with(
+        addr: SocketAddr,
+        router: Router,
+        limits: ConnectionLimits,
+    ) -> Result<Self> {
+        limits.validate().map_err(Error::Config)?;
         let listener = TcpListener::bind(addr).await.map_err(Error::Serve)?;
         let addr = listener.local_addr().map_err(Error::Serve)?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, router, async move {
+        let task = tokio::spawn(connection::serve_with(listener, router, limits, async move {
             let _ = stopped.await;
         }));
         Ok(Self {

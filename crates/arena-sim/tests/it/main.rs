@@ -8,6 +8,7 @@ mod binary;
 mod command;
 mod gateway;
 mod harnesses;
+mod hostile;
 mod preset;
 mod support;
 mod world;

@@ -12,10 +12,11 @@
 #[cfg(test)]
 mod tests;
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -26,8 +27,8 @@ use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
 /// `POST /v1/messages`.
-pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Bytes) -> Response {
-    match run(&state, &headers, &body).await {
+pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Body) -> Response {
+    match run(&state, &headers, body).await {
         Ok(response) => response,
         Err(e) => e.in_protocol(Protocol::Anthropic).into_response(),
     }
@@ -37,16 +38,20 @@ pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap,
 pub(crate) async fn count_tokens(
     State(state): State<ProxyState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
-    let result = (|| {
-        let session = session_of(&state, &headers)?;
-        let mut map = json_object(&headers, &body)?;
-        let request = parse(&state, &mut map)?;
-        let tokens = generation::count_prompt_tokens(&state, &session, request.input)?;
-        Ok::<_, ApiError>(axum::Json(json!({"input_tokens": tokens})).into_response())
-    })();
-    result.unwrap_or_else(|e| e.in_protocol(Protocol::Anthropic).into_response())
+    count(&state, &headers, body)
+        .await
+        .unwrap_or_else(|e| e.in_protocol(Protocol::Anthropic).into_response())
+}
+
+async fn count(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let session = session_of(state, headers)?;
+    let body = state.read_body(body).await?;
+    let mut map = json_object(headers, &body)?;
+    let request = parse(state, &mut map)?;
+    let tokens = generation::count_prompt_tokens(state, &session, request.input)?;
+    Ok(axum::Json(json!({"input_tokens": tokens})).into_response())
 }
 
 struct Request {
@@ -55,9 +60,10 @@ struct Request {
     stream: bool,
 }
 
-async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     let session = session_of(state, headers)?;
-    let mut map = json_object(headers, body)?;
+    let body = state.read_body(body).await?;
+    let mut map = json_object(headers, &body)?;
     let request = parse(state, &mut map)?;
     let prepared = generation::prepare(state, &session, request.input, "msg_")?;
     let generation = Generation::start(prepared, "toolu_");

@@ -1,9 +1,10 @@
 //! OpenAI Chat Completions (`POST /chat/completions`, `/v1/chat/completions`) on the generation core.
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -14,16 +15,17 @@ use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
 /// `POST /chat/completions`.
-pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Bytes) -> Response {
-    match run(&state, &headers, &body).await {
+pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Body) -> Response {
+    match run(&state, &headers, body).await {
         Ok(response) => response,
         Err(e) => e.in_protocol(Protocol::OpenAi).into_response(),
     }
 }
 
-async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     let session = session_of(state, headers)?;
-    let mut map = json_object(headers, body)?;
+    let body = state.read_body(body).await?;
+    let mut map = json_object(headers, &body)?;
     let messages: Vec<Value> = take(&mut map, "messages")?
         .ok_or_else(|| ApiError::invalid("messages is required").with_param("messages"))?;
     let model: Option<String> = take(&mut map, "model")?;

@@ -17,10 +17,11 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -91,8 +92,8 @@ impl ResponseStore {
 }
 
 /// `POST /responses`.
-pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Bytes) -> Response {
-    match run(&state, &headers, &body).await {
+pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Body) -> Response {
+    match run(&state, &headers, body).await {
         Ok(response) => response,
         Err(e) => e.in_protocol(Protocol::OpenAi).into_response(),
     }
@@ -154,9 +155,10 @@ struct RequestEcho {
     text: Value,
 }
 
-async fn run(state: &ProxyState, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     let session = session_of(state, headers)?;
-    let mut map = json_object(headers, body)?;
+    let body = state.read_body(body).await?;
+    let mut map = json_object(headers, &body)?;
     let input: Value =
         take(&mut map, "input")?.ok_or_else(|| ApiError::invalid("input is required").with_param("input"))?;
     let instructions: Option<Value> = take(&mut map, "instructions")?;

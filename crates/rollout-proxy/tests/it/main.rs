@@ -7,6 +7,7 @@ mod chat;
 mod common;
 mod control;
 mod harness_cli;
+mod hostile;
 mod litellm;
 mod messages;
 mod multiturn;
