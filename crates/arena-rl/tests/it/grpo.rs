@@ -303,7 +303,7 @@ async fn tokens_sampled_at_each_protocols_temperature_train_without_drift() {
                     versions: t.versions,
                     temperatures: t.temperatures,
                     truncated: t.truncated,
-                    advantage: if n % 2 == 0 { 1.0 } else { -1.0 },
+                    advantage: if n.is_multiple_of(2) { 1.0 } else { -1.0 },
                     raw_reward: f64::from(n % 2),
                 });
             }
