@@ -169,6 +169,10 @@ pub struct JournalState {
     pub rollouts: BTreeMap<SampleKey, RolloutRecord>,
     /// The run's nonce (the `begin` line).
     pub nonce: Option<String>,
+    /// Per sample, how many of its launches Arena answered with a task id. A sample launched again after
+    /// such a task (which the resumed run cancels) needs a fresh `Idempotency-Key`; one whose launch was never
+    /// answered reuses its key, so that an Arena that dedupes answers with the task it may have started.
+    pub answered_launches: BTreeMap<SampleKey, u32>,
     /// Launches journaled with neither a task id nor a finished rollout after them: sent, or about to be,
     /// when the process was killed. Arena may have started a task for each.
     pub launches_in_flight: BTreeSet<SampleKey>,
@@ -205,6 +209,7 @@ impl JournalState {
             }
             Entry::Task { key, task_id } => {
                 self.launches_in_flight.remove(&key);
+                *self.answered_launches.entry(key).or_default() += 1;
                 self.open_tasks.insert(task_id);
             }
             Entry::TaskDone { task_id } => {

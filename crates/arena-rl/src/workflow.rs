@@ -65,6 +65,9 @@ pub struct Workflow {
     pub idempotent_launch: bool,
     /// The run's id: its names and the journal's nonce (prefix of idempotency keys).
     pub run_id: String,
+    /// Per sample, the launches an earlier process had answered (`JournalState::answered_launches`): the
+    /// sample's next launch key carries that count, so it never names a task the run cancelled.
+    pub answered_launches: BTreeMap<SampleKey, u32>,
     /// `proxy.export_style` (`concat` or `individual`).
     pub export_style: rollout_proxy::ExportStyle,
     /// `proxy.turn_discount`.
@@ -103,6 +106,15 @@ pub enum GroupFate {
 impl Workflow {
     fn stream(&self, name: &str) -> Option<&ResolvedStream> {
         self.streams.iter().find(|s| s.config.name == name)
+    }
+
+    /// The `Idempotency-Key` of sample `key`'s launch in this process: the run id and the sample, plus
+    /// `-r<n>` once `n` earlier launches of it were answered.
+    pub fn launch_key(&self, key: SampleKey) -> String {
+        match self.answered_launches.get(&key) {
+            Some(n) if *n > 0 => format!("{}-{key}-r{n}", self.run_id),
+            _ => format!("{}-{key}", self.run_id),
+        }
     }
 
     /// Runs a whole group: `n_samples` rollouts of `row`, concurrently (bounded by the limiter). Samples whose

@@ -178,6 +178,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
             config.trial_name,
             replay.nonce.as_deref().unwrap_or_default()
         ),
+        answered_launches: replay.answered_launches.clone(),
         export_style: settings::export_style(&config),
         turn_discount: config.proxy.turn_discount,
         n_samples: config.gconfig.n_samples,

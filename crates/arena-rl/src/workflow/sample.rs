@@ -130,7 +130,7 @@ impl Workflow {
                 .map(|_| (self.session_token)(&session.session_id)),
             run: RunOptions {
                 timeout: self.episode_timeout,
-                idempotency_key: Some(format!("{}-{key}", self.run_id)),
+                idempotency_key: Some(self.launch_key(key)),
                 key_honoured: self.idempotent_launch,
             },
             reward_ref: RewardRefCheck {

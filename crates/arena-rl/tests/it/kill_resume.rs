@@ -233,19 +233,24 @@ async fn kill_and_resume(mode: &str, kill_seed: u64) {
         "no step drew an extra prompt: the test does not test dynamic sampling"
     );
     // A step draws again only while it lacks two informative groups, and trains on the first two.
+    // As the workflow judges a group: a rejected sample rejects it, a dropped one is left out, and the dynamic
+    // filter drops it when the remaining rewards are all equal.
     let informative = |step: u64, g: u32| {
-        let rewards: Vec<String> = (0..3)
-            .map(|sample| {
-                let key = SampleKey {
-                    eval: false,
-                    step,
-                    group: g,
-                    sample,
-                };
-                format!("{:?}", rollouts[&key])
-            })
-            .collect();
-        rewards.iter().any(|r| *r != rewards[0])
+        let mut rewards = Vec::new();
+        for sample in 0..3 {
+            let key = SampleKey {
+                eval: false,
+                step,
+                group: g,
+                sample,
+            };
+            match &rollouts[&key] {
+                Verdict::Reward { reward } => rewards.push(*reward),
+                Verdict::Dropped { .. } => {}
+                Verdict::Rejected { .. } => return false,
+            }
+        }
+        rewards.iter().any(|r| (r - rewards[0]).abs() > 1e-9)
     };
     assert!(
         open_routes.is_empty(),
@@ -289,7 +294,12 @@ async fn kill_and_resume(mode: &str, kill_seed: u64) {
         assert_eq!(
             trained.into_iter().collect::<Vec<_>>(),
             wanted,
-            "step {step} trains on its first two informative groups"
+            "step {step} trains on its first two informative groups; its verdicts: {:?}",
+            rollouts
+                .iter()
+                .filter(|(k, _)| k.step == *step)
+                .map(|(k, v)| (k.to_string(), v))
+                .collect::<Vec<_>>()
         );
         if *n > 2 {
             let batch = (0..2).filter(|g| informative(*step, *g)).count();

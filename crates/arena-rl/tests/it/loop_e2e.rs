@@ -522,6 +522,18 @@ async fn drop_last_decides_whether_the_tail_is_rolled_out() {
 /// starts and the first is collected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_launch_a_kill_left_unanswered_finds_its_task_where_arena_dedupes() {
+    killed_launch(false).await;
+}
+
+/// A launch Arena had answered before the kill (its task id journaled) is another matter: the resumed run
+/// cancels that task as a leftover, and the sample's new launch carries a fresh key (`-r1`), so that Arena
+/// starts a new task instead of answering with the cancelled one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_launch_answered_before_the_kill_is_cancelled_and_launched_afresh() {
+    killed_launch(true).await;
+}
+
+async fn killed_launch(answered: bool) {
     use arena_client::{ArenaClient, ClientConfig, LaunchRequest};
     use arena_rl::journal::{Entry, Journal, SampleKey};
 
@@ -566,6 +578,15 @@ async fn a_launch_a_kill_left_unanswered_finds_its_task_where_arena_dedupes() {
         panic!("the sim answers a launch with a running task")
     };
     assert_eq!(sim.counters().launches, 1);
+    if answered {
+        let (journal, _) = Journal::open(&path).unwrap();
+        journal
+            .append(&Entry::Task {
+                key,
+                task_id: first.clone(),
+            })
+            .unwrap();
+    }
 
     let config = config(
         &sim.base_url(),
@@ -590,18 +611,36 @@ async fn a_launch_a_kill_left_unanswered_finds_its_task_where_arena_dedupes() {
     .unwrap();
     assert_eq!(summary.steps_trained, 1);
     let counters = sim.counters();
-    assert_eq!(counters.idempotent_replays, 1, "{counters:?}");
-    assert_eq!(
-        counters.launches, 4,
-        "three new tasks and the killed launch's one: {counters:?}"
-    );
     let (_, state) = Journal::open(&path).unwrap();
     let record = &state.rollouts[&key];
-    assert_eq!(
-        record.task_id.as_deref(),
-        Some(first.as_str()),
-        "s0g0:0 collected its first task"
-    );
+    if answered {
+        assert_eq!(
+            counters.requests_to(Endpoint::CancelTask),
+            1,
+            "the leftover task is cancelled (it may have ended already): {counters:?}"
+        );
+        assert_eq!(counters.idempotent_replays, 0, "{counters:?}");
+        assert_eq!(
+            counters.launches, 5,
+            "four new tasks besides the cancelled one: {counters:?}"
+        );
+        assert_ne!(
+            record.task_id.as_deref(),
+            Some(first.as_str()),
+            "s0g0:0 ran a task of its own"
+        );
+    } else {
+        assert_eq!(counters.idempotent_replays, 1, "{counters:?}");
+        assert_eq!(
+            counters.launches, 4,
+            "three new tasks and the killed launch's one: {counters:?}"
+        );
+        assert_eq!(
+            record.task_id.as_deref(),
+            Some(first.as_str()),
+            "s0g0:0 collected its first task"
+        );
+    }
     assert!(
         state.open_tasks.is_empty(),
         "every task collected: {:?}",
