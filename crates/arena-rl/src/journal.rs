@@ -271,10 +271,7 @@ impl Journal {
             path: path.to_path_buf(),
         };
         if state.nonce.is_none() {
-            let nonce: String = rand::random::<[u8; 16]>()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let nonce = rollout_proxy::auth::random_hex(16);
             journal.append(&Entry::Begin { nonce: nonce.clone() })?;
             state.nonce = Some(nonce);
         }

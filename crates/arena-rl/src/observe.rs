@@ -195,6 +195,17 @@ impl MetricsSink {
     }
 }
 
+/// Replaces `path`'s contents with `data` through a synced temporary file and a rename, so a kill leaves
+/// either the old file or the new one. The temporary name has no `tfevents` in it, so that TensorBoard never
+/// reads a half-written one.
+fn replace_file(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_file_name(".arena-rl-rewrite.tmp");
+    std::fs::write(&tmp, data)
+        .and_then(|()| File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("cannot rewrite {}", path.display()))
+}
+
 /// Drops every record of step `step` and later from `metrics.jsonl` and the TensorBoard event files under
 /// `dir`, with any torn tail; files that hold none are left untouched.
 fn forget_from(dir: &Path, step: u64) -> Result<()> {
@@ -210,12 +221,8 @@ fn forget_from(dir: &Path, step: u64) -> Result<()> {
             })
             .collect();
         if kept.len() != text.lines().count() || !(text.is_empty() || text.ends_with('\n')) {
-            let tmp = dir.join("metrics.jsonl.rewrite");
             let body: String = kept.iter().map(|l| format!("{l}\n")).collect();
-            std::fs::write(&tmp, body)
-                .and_then(|()| File::open(&tmp)?.sync_all())
-                .and_then(|()| std::fs::rename(&tmp, &jsonl))
-                .with_context(|| format!("cannot rewrite {}", jsonl.display()))?;
+            replace_file(&jsonl, body.as_bytes())?;
             tracing::info!(
                 from_step = step,
                 dropped = text.lines().count() - kept.len(),

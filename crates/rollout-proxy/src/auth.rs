@@ -91,7 +91,7 @@ pub(crate) fn random_key() -> SecretString {
 }
 
 /// `n` random bytes as lowercase hex.
-pub(crate) fn random_hex(n: usize) -> String {
+pub fn random_hex(n: usize) -> String {
     let mut bytes = vec![0u8; n];
     rand::fill(bytes.as_mut_slice());
     bytes.iter().map(|b| format!("{b:02x}")).collect()

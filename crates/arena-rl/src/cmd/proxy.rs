@@ -122,10 +122,7 @@ fn random_admin_key(path: Option<&std::path::Path>) -> Result<SecretString> {
         || std::env::temp_dir().join(format!("arena-rl-proxy-{}.admin-key", std::process::id())),
         std::path::Path::to_path_buf,
     );
-    let key: String = rand::random::<[u8; 24]>()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let key = rollout_proxy::auth::random_hex(24);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -240,15 +240,11 @@ pub fn read_good_events(path: &Path) -> Result<(Vec<Event>, bool)> {
 
 /// Rewrites an event file with only `events` (through a temporary file and a rename).
 pub fn rewrite_events(path: &Path, events: &[Event]) -> Result<()> {
-    let tmp = path.with_extension("rewrite");
     let mut data = Vec::new();
     for event in events {
         data.extend_from_slice(&record(&event.encode()));
     }
-    std::fs::write(&tmp, &data)
-        .and_then(|()| File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .with_context(|| format!("cannot rewrite {}", path.display()))
+    super::replace_file(path, &data)
 }
 
 fn decode_records(data: &[u8]) -> Decode<Vec<Event>> {

@@ -157,14 +157,17 @@ impl Run {
     ) -> Result<u32> {
         let per_group = u64::from(self.workflow.n_samples);
         let mut rounds = 0;
+        let (mut informative, mut judged) = (0, 0);
         loop {
-            let informative = groups
+            // Only the groups added since the last round are judged; the earlier ones keep their fate.
+            informative += groups[judged..]
                 .iter()
                 .filter(|g| {
                     let (fate, _) = self.workflow.judge(g, &DynamicFilter::new(), Scope::Rollout);
                     matches!(fate, GroupFate::Accepted(_))
                 })
                 .count();
+            judged = groups.len();
             let factor = self.config.rollout.max_oversample_factor;
             let n = extra_draws(batch, groups.len(), informative, factor);
             if n == 0 {

@@ -112,10 +112,7 @@ pub(crate) fn model_dir(config: &RunConfig) -> Result<PathBuf> {
 fn admin_key(config: &RunConfig, env: &Env) -> SecretString {
     match env.get(&config.proxy.admin_key_env) {
         Some(k) if !k.is_empty() => SecretString::from(k.to_string()),
-        _ => {
-            let bytes: [u8; 24] = rand::random();
-            SecretString::from(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
-        }
+        _ => SecretString::from(rollout_proxy::auth::random_hex(24)),
     }
 }
 
