@@ -316,6 +316,45 @@ fn check_vocabulary(files: &[(std::path::PathBuf, String)], root: &Path) -> Vec<
     problems
 }
 
+/// arena-sim's rooms stay small: no source file (tests aside) over this many lines.
+const ARENA_SIM_MAX_FILE_LINES: usize = 500;
+
+/// arena-sim's source files over [`ARENA_SIM_MAX_FILE_LINES`] lines (its `tests.rs` files aside).
+fn check_arena_sim_sizes(files: &[(std::path::PathBuf, String)], src: &Path) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(path, _)| path.file_name().is_none_or(|n| n != "tests.rs"))
+        .filter(|(_, text)| text.lines().count() > ARENA_SIM_MAX_FILE_LINES)
+        .map(|(path, text)| {
+            format!(
+                "arena-sim/src/{} has {} lines (at most {ARENA_SIM_MAX_FILE_LINES}): split it into rooms",
+                path.strip_prefix(src).unwrap_or(path).display(),
+                text.lines().count()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn arena_sim_files_stay_small() {
+    let src = workspace_root().join("crates/arena-sim/src");
+    let problems = check_arena_sim_sizes(&sources(&src), &src);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let long = "x\n".repeat(ARENA_SIM_MAX_FILE_LINES + 1);
+    let fake = Path::new("/x/crates/arena-sim/src");
+    let files = vec![
+        (fake.join("server.rs"), long.clone()),
+        (fake.join("state/tests.rs"), long),
+        (fake.join("sse.rs"), "x\n".to_string()),
+    ];
+    let problems = check_arena_sim_sizes(&files, fake);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("arena-sim/src/server.rs has 501 lines"),
+        "{problems:?}"
+    );
+}
+
 #[test]
 fn arena_rl_sources_keep_their_rules() {
     let src = workspace_root().join("crates/arena-rl/src");
