@@ -252,6 +252,12 @@ async fn tokens_sampled_at_each_protocols_temperature_train_without_drift() {
             1.0,
             json!({"model": "m", "input": "What is the largest digit?", "max_output_tokens": 16}),
         ),
+        // Truncated: the recorded log-probability is of the nucleus the token was drawn from.
+        (
+            "/v1/chat/completions",
+            1.3,
+            json!({"model": "m", "messages": user, "max_tokens": 16, "temperature": 1.3, "top_p": 0.8}),
+        ),
     ];
     let mut samples = Vec::new();
     for round in 0..2u32 {
@@ -334,9 +340,23 @@ async fn tokens_sampled_at_each_protocols_temperature_train_without_drift() {
             .1
     };
     let drift = metric("train/behave_logprob_drift/max");
-    eprintln!("behaviour-to-proximal drift through three protocols: max {drift:.3e}");
+    let mean = metric("train/behave_logprob_drift/mean");
+    eprintln!(
+        "behaviour-to-proximal drift through three protocols, untruncated: max {drift:.3e}, mean {mean:.3e}"
+    );
     assert!(drift < 1e-5, "max drift {drift}");
-    // Four of the six sessions sampled at another temperature than gconfig.temperature.
+    // Truncated tokens (top-p 0.8) are recorded under the nucleus they came from, whose mass is at least
+    // 0.8: their drift is -ln(kept mass), in (0, -ln 0.8], which the behaviour weight corrects.
+    let (t_mean, t_max) = (
+        metric("train/behave_logprob_drift_truncated/mean"),
+        metric("train/behave_logprob_drift_truncated/max"),
+    );
+    eprintln!("truncated (top-p 0.8): mean {t_mean:.3e}, max {t_max:.3e}");
+    assert!(
+        t_mean > 1e-3 && t_max <= -(0.8f64.ln()) + 1e-5,
+        "truncated drift: mean {t_mean}, max {t_max}"
+    );
+    // Six of the eight sessions sampled at another temperature than gconfig.temperature.
     let off = metric("train/off_temperature_tokens");
     assert!(
         off > 0.5 && off < 0.9,

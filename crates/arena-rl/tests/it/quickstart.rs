@@ -118,10 +118,26 @@ fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
 /// quickstart's settings: 0.74, 0.74 and 0.60 over three runs against a control of about 0.32). A frozen policy's reward has the same distribution
 /// at every step, so the control runs 10 steps and its mean over all of them is the comparison. Seeds are
 /// fixed; rollout concurrency still makes a run's exact rewards vary.
+///
+/// The supervised warm-up is the test's set-up, not what it asserts, and half its time: with
+/// `ARENA_RL_CACHE` set (as `cargo xtask test` sets it) the warmed-up policy is kept there between runs,
+/// under a hash of every source file that builds or trains it ([`warmup_sources_hash`]), so a change to the
+/// trainer or the quickstart's policy code warms up afresh. The short quickstart test above always runs the
+/// warm-up itself.
 #[test]
 fn the_quickstart_learns_and_its_frozen_control_does_not() {
     let root = tempfile::tempdir().unwrap();
     let fileroot = format!("cluster.fileroot={}", root.path().display());
+    let policies = root.path().join("quickstart-policy");
+    let kept = std::env::var_os("ARENA_RL_CACHE").map(|cache| {
+        std::path::PathBuf::from(cache)
+            .join("quickstart-learning")
+            .join(format!("{:016x}", warmup_sources_hash()))
+    });
+    let cached = kept.as_ref().is_some_and(|k| k.is_dir());
+    if let Some(k) = kept.as_ref().filter(|k| k.is_dir()) {
+        copy_dir(k, &policies);
+    }
     let last10 = |trial: &str, steps: u64, extra: &[&str]| -> f64 {
         let out = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
             .arg("quickstart")
@@ -155,14 +171,81 @@ fn the_quickstart_learns_and_its_frozen_control_does_not() {
             .and_then(|rest| rest.split(',').next())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no last-10 mean in {line:?}"));
+        for info in stdout
+            .lines()
+            .filter(|l| l.starts_with("time: ") || l.starts_with("policy: "))
+        {
+            eprintln!("{trial}: {info}");
+        }
         eprintln!("{trial}: {line}");
         last
     };
     let trained = last10("learns", 50, &[]);
+    if let Some(k) = kept.as_ref().filter(|_| !cached) {
+        // Policies warmed up by older sources are of no more use.
+        let parent = k.parent().unwrap();
+        for old in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir_all(old.path());
+        }
+        let tmp = k.with_extension(format!("tmp-{}", std::process::id()));
+        copy_dir(&policies, &tmp);
+        let _ = std::fs::rename(&tmp, k);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
     // The control reuses the warmed-up policy cached under the same fileroot.
     let control = last10("control", 10, &["actor.lr=0"]);
     assert!(
         trained - control >= 0.2,
         "the trained run's last-10 mean reward {trained:.3} is not 0.2 above the control's {control:.3}"
     );
+}
+
+/// A hash of the sources that build and warm up the quickstart policy (the trainer, the quickstart's own
+/// modules, the dependency lock): the key under which the learning test keeps its warmed-up policy.
+fn warmup_sources_hash() -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for dir in ["crates/trainer/src", "crates/arena-rl/src/quickstart"] {
+        collect_files(&root.join(dir), &mut files);
+    }
+    for file in [
+        "crates/arena-rl/src/quickstart.rs",
+        "crates/arena-rl/src/cmd/quickstart.rs",
+        "Cargo.lock",
+        "Cargo.toml",
+    ] {
+        files.push(root.join(file));
+    }
+    files.sort();
+    let mut hasher = std::hash::DefaultHasher::new();
+    for file in files {
+        file.strip_prefix(&root).unwrap().hash(&mut hasher);
+        std::fs::read(&file).unwrap().hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+fn collect_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_files(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
 }
