@@ -13,7 +13,9 @@ use rollout_proxy::{
     EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
     WeightUpdate,
 };
-use trainer::{DeviceKind, GenerationEvent, GenerationRequest, Policy, PolicyOptions, Weights};
+use trainer::{
+    DeviceKind, GenerationEvent, GenerationRequest, InferenceDtype, Policy, PolicyOptions, Weights,
+};
 
 /// `trainer::Policy` as an [`InferenceEngine`]. Cloning shares the policy.
 #[derive(Clone, Debug)]
@@ -31,14 +33,29 @@ impl PolicyEngine {
     /// A device this build or machine cannot use (CUDA without the `cuda` feature, or without a driver) is
     /// one error naming it.
     pub fn load(dir: &Path, max_batch: usize, device: DeviceKind) -> crate::Result<Self> {
+        Self::load_as(dir, max_batch, device, InferenceDtype::F32)
+    }
+
+    /// [`PolicyEngine::load`] with the weight matrices in `dtype` (bf16 needs a CUDA device).
+    pub fn load_as(
+        dir: &Path,
+        max_batch: usize,
+        device: DeviceKind,
+        dtype: InferenceDtype,
+    ) -> crate::Result<Self> {
         use crate::error::Context as _;
         let options = PolicyOptions {
             max_batch,
             device,
+            dtype,
             ..PolicyOptions::default()
         };
-        let policy = Policy::load(dir, options)
-            .with_context(|| format!("cannot load the policy from {} onto {device}", dir.display()))?;
+        let policy = Policy::load(dir, options).with_context(|| {
+            format!(
+                "cannot load the policy from {} onto {device} in {dtype}",
+                dir.display()
+            )
+        })?;
         Ok(Self { policy })
     }
 

@@ -5,10 +5,10 @@
 //!
 //! ```text
 //! gpu_figures smoke
-//! gpu_figures logits MODEL_DIR PROBE_JSON     # burn-cuda f32 logits against transformers' (f32 and bf16)
+//! gpu_figures logits MODEL_DIR PROBE_JSON     # burn-cuda logits against transformers', f32 and bf16 weights
 //! gpu_figures train MODEL_DIR                 # one GRPO step on 8 x 2048 tokens, bf16 autocast
 //! gpu_figures long MODEL_DIR                  # one step on one 16k-token sequence, layer chunks on
-//! gpu_figures decode MODEL_DIR                # decoding tokens/s at batch 1, 16 and 64
+//! gpu_figures decode MODEL_DIR                # decoding tokens/s at batch 1, 16 and 64, f32 and bf16
 //! ```
 //!
 //! Built with `cargo build --release -p trainer --example gpu_figures --features cuda`; needs a driver.
@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use trainer::estimate::{QWEN3_0_6B, parameter_count};
 use trainer::model::CausalLm;
 use trainer::{
-    DeviceKind, GenerationRequest, MemoryConfig, Policy, PolicyOptions, RlBatch, SamplingParams, TrainConfig,
-    TrainSequence, Trainer, TrainerOptions, Weights,
+    DeviceKind, GenerationRequest, InferenceDtype, MemoryConfig, Policy, PolicyOptions, RlBatch,
+    SamplingParams, TrainConfig, TrainSequence, Trainer, TrainerOptions, Weights,
 };
 
 const DEVICE: DeviceKind = DeviceKind::Cuda(0);
@@ -106,17 +106,22 @@ fn smoke() -> Result<Value> {
 fn logits(dir: &std::path::Path, probe: &std::path::Path) -> Result<Value> {
     let probe: Value = serde_json::from_slice(&std::fs::read(probe).context("reading the probe")?)?;
     let tokens: Vec<u32> = serde_json::from_value(probe["tokens"].clone())?;
-    let policy = Policy::load(
-        dir,
-        PolicyOptions {
-            device: DEVICE,
-            ..PolicyOptions::default()
-        },
-    )?;
-    let ours = policy.score(&tokens)?;
-    let mut out = json!({"stage": "logits", "tokens": tokens.len(), "burn_dtype": "f32",
-        "note": "bf16 weights for inference are not implemented: burn runs f32 weights"});
-    for key in ["logits_f32", "logits_bf16"] {
+    let mut out = json!({"stage": "logits", "tokens": tokens.len()});
+    // burn in f32 against transformers in f32 (goal 1e-3), and burn's bf16 weights against transformers'
+    // bf16 model.
+    for (dtype, key) in [
+        (InferenceDtype::F32, "logits_f32"),
+        (InferenceDtype::Bf16, "logits_bf16"),
+    ] {
+        let policy = Policy::load(
+            dir,
+            PolicyOptions {
+                device: DEVICE,
+                dtype,
+                ..PolicyOptions::default()
+            },
+        )?;
+        let ours = policy.score(&tokens)?;
         let theirs: Vec<f32> = serde_json::from_value(probe[key].clone())?;
         if theirs.len() != ours.data.len() {
             bail!("{key} has {} values, burn gave {}", theirs.len(), ours.data.len());
@@ -127,7 +132,7 @@ fn logits(dir: &std::path::Path, probe: &std::path::Path) -> Result<Value> {
             .zip(&theirs)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        out[format!("max_abs_diff_vs_transformers_{key}")] = json!(diff);
+        out[format!("max_abs_diff_burn_{dtype}_vs_transformers_{key}")] = json!(diff);
     }
     Ok(out)
 }
@@ -154,11 +159,20 @@ fn long(dir: &std::path::Path) -> Result<Value> {
 }
 
 fn decode(dir: &std::path::Path) -> Result<Value> {
+    let mut out = json!({"stage": "decode", "new_tokens": 128, "prompt_tokens": 32});
+    for dtype in [InferenceDtype::F32, InferenceDtype::Bf16] {
+        out[format!("tokens_per_second_{dtype}")] = decode_rates(dir, dtype)?;
+    }
+    Ok(out)
+}
+
+fn decode_rates(dir: &std::path::Path, dtype: InferenceDtype) -> Result<Value> {
     let policy = Policy::load(
         dir,
         PolicyOptions {
             device: DEVICE,
             max_batch: 64,
+            dtype,
             ..PolicyOptions::default()
         },
     )?;
@@ -187,7 +201,7 @@ fn decode(dir: &std::path::Path) -> Result<Value> {
         run()?;
         rates.insert(batch.to_string(), json!(run()?));
     }
-    Ok(json!({"stage": "decode", "new_tokens": 128, "prompt_tokens": 32, "tokens_per_second": rates}))
+    Ok(Value::Object(rates))
 }
 
 fn main() -> Result<()> {

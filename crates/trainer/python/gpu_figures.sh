@@ -3,7 +3,7 @@
 #
 # Usage: gpu_figures.sh BIN OUT   (BIN: the stripped example, built with `--features cuda`; OUT: a directory)
 # Writes one JSON file per stage and side under OUT (a stage that fails writes its error instead), plus each
-# burn stage's peak GPU memory as nvidia-smi saw it; bounded to finish within 5 minutes (the stages' limits add up to 285 s).
+# burn stage's peak GPU memory as nvidia-smi saw it; bounded to finish within 5 minutes (the stages' limits add up to 295 s).
 set -u
 BIN=$1
 OUT=$2
@@ -43,5 +43,5 @@ run burn_train 45 "$BIN" train "$MODEL"
 run torch_long 20 python3 "$HERE/gpu_peer.py" long "$MODEL"
 run burn_long 30 "$BIN" long "$MODEL"
 run torch_decode 25 python3 "$HERE/gpu_peer.py" decode "$MODEL"
-run burn_decode 30 "$BIN" decode "$MODEL"
+run burn_decode 40 "$BIN" decode "$MODEL"
 rm -rf "$WORK"

@@ -53,6 +53,58 @@ impl std::str::FromStr for DeviceKind {
     }
 }
 
+/// The element type an inference policy keeps its weight matrices in.
+///
+/// `Bf16` keeps every projection and the embedding in bf16 on the device (half the memory of f32, and the
+/// dtype checkpoints ship in): each product multiplies bf16 operands, which burn-cuda's matmul accumulates in
+/// f32, and returns f32, so norms, RoPE, softmax and the logits stay f32. CUDA only: the CPU kernels are
+/// f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InferenceDtype {
+    /// Every weight in f32.
+    #[default]
+    F32,
+    /// Weight matrices in bf16, everything else f32.
+    Bf16,
+}
+
+impl std::fmt::Display for InferenceDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for InferenceDtype {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            _ => Err(Error::config(
+                "dtype",
+                format!("{s:?} is not an inference dtype: expected f32 or bf16"),
+            )),
+        }
+    }
+}
+
+impl InferenceDtype {
+    /// Checks that `device` can run this dtype: bf16 needs CUDA.
+    pub fn check_on(self, device: DeviceKind) -> Result<()> {
+        match (self, device) {
+            (Self::Bf16, DeviceKind::Cpu) => Err(Error::Device(
+                device.to_string(),
+                "bf16 weights for inference need a CUDA device (the CPU kernels are f32)".to_string(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Why a build without the `cuda` feature refuses a CUDA device.
 #[cfg(not(feature = "cuda"))]
 pub(crate) const NO_CUDA: &str = "this build has no `cuda` feature (build with `--features cuda`)";

@@ -43,7 +43,7 @@ pub mod sampling;
 pub mod train;
 pub mod weights;
 
-pub use backend::DeviceKind;
+pub use backend::{DeviceKind, InferenceDtype};
 pub use checkpoint::{Checkpoint, Checkpoints, Staged};
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::{Error, Result};

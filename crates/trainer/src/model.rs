@@ -5,11 +5,13 @@
 //! safetensors names and loading or saving is a rename-free copy.
 //! The same code runs under `Autodiff<NdArray>` for training and under the plain backend for inference.
 
+use burn::module::ModuleMapper;
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
+use crate::backend::InferenceDtype;
 use crate::config::ModelConfig;
 use crate::rope::RopeTable;
 
@@ -48,9 +50,17 @@ impl<B: Backend> HfLinear<B> {
 /// right-hand side that is not in standard layout, and copying the small activation is far cheaper than
 /// copying the weight matrix on every call.
 /// The plain CPU backend takes a faster path (see `inference_cpu.rs`).
+/// A bf16 weight (an inference policy's, [`CausalLm::with_matrices_in`]) multiplies a bf16 copy of `x`,
+/// and the product comes back in f32.
 fn project<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
     if let Some(y) = crate::inference_cpu::project(&x, &w) {
         return y;
+    }
+    if w.dtype() == DType::BF16 {
+        return w
+            .matmul(x.cast(FloatDType::BF16).transpose())
+            .transpose()
+            .cast(FloatDType::F32);
     }
     w.matmul(x.transpose()).transpose()
 }
@@ -354,13 +364,14 @@ impl<B: Backend> CausalLm<B> {
     ) -> Tensor<B, 3> {
         let [batch, len] = tokens.dims();
         let hidden = self.model.embed_tokens.weight.dims()[1];
-        let mut x = self
-            .model
-            .embed_tokens
-            .weight
-            .val()
+        let table = self.model.embed_tokens.weight.val();
+        let bf16 = table.dtype() == DType::BF16;
+        let mut x = table
             .select(0, tokens.reshape([batch * len]))
             .reshape([batch, len, hidden]);
+        if bf16 {
+            x = x.cast(FloatDType::F32);
+        }
         let col = cache.as_ref().map_or(0, |c| c.len);
         for (i, layer) in self.model.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| (&mut c.layers[i], col));
@@ -382,6 +393,15 @@ impl<B: Backend> CausalLm<B> {
                 let vocab = w.dims()[0];
                 project(hidden.reshape([batch * len, h]), w).reshape([batch, len, vocab])
             }
+        }
+    }
+
+    /// The model with its weight matrices (projections and the embedding) in `dtype`, for inference; norms
+    /// stay f32. Weights installed later ([`CausalLm::load_weights`]) keep each parameter's dtype.
+    pub fn with_matrices_in(self, dtype: InferenceDtype) -> Self {
+        match dtype {
+            InferenceDtype::F32 => self,
+            InferenceDtype::Bf16 => self.map(&mut MatricesTo(FloatDType::BF16)),
         }
     }
 
@@ -411,6 +431,19 @@ impl<B: Backend> CausalLm<B> {
                 }
             },
         )
+    }
+}
+
+/// Casts every two-dimensional parameter (the weight matrices and the embedding) to one float type.
+struct MatricesTo(FloatDType);
+
+impl<B: Backend> ModuleMapper<B> for MatricesTo {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if D != 2 {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.cast(self.0), mapper)
     }
 }
 

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use burn::tensor::backend::Backend;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::DeviceKind;
+use crate::backend::{DeviceKind, InferenceDtype};
 use crate::config::ModelConfig;
 use crate::engine::{Command, Engine, Shared};
 use crate::error::{Error, Result};
@@ -144,6 +144,8 @@ pub struct PolicyOptions {
     pub max_batch: usize,
     /// The version the initial weights carry.
     pub version: u64,
+    /// The element type of the weight matrices (bf16 needs a CUDA device).
+    pub dtype: InferenceDtype,
 }
 
 impl Default for PolicyOptions {
@@ -152,6 +154,7 @@ impl Default for PolicyOptions {
             device: DeviceKind::Cpu,
             max_batch: 64,
             version: 0,
+            dtype: InferenceDtype::F32,
         }
     }
 }
@@ -183,6 +186,7 @@ impl Policy {
         }
         weights.check_against(&config).map_err(Error::WeightMismatch)?;
         options.device.check()?;
+        options.dtype.check_on(options.device)?;
         match options.device {
             DeviceKind::Cpu => {
                 Self::spawn::<crate::backend::Cpu>(config, weights, options, burn_ndarray::NdArrayDevice::Cpu)
@@ -205,7 +209,7 @@ impl Policy {
         options: PolicyOptions,
         device: B::Device,
     ) -> Result<Self> {
-        let model = CausalLm::<B>::from_weights(&config, weights, &device)?;
+        let model = CausalLm::<B>::from_weights(&config, weights, &device)?.with_matrices_in(options.dtype);
         let shared = Arc::new(Shared::default());
         shared.version.store(options.version, Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();

@@ -403,8 +403,16 @@ impl<B: Backend> ModuleMapper<B> for Installer<'_> {
         };
         let (id, old, mapper) = param.consume();
         let device = old.device();
+        // A bf16 matrix (an inference policy's, `CausalLm::with_matrices_in`) stays bf16.
+        let bf16 = old.dtype() == burn::tensor::DType::BF16;
         drop(old);
-        let tensor = Tensor::from_data(TensorData::new(host.data.clone(), host.shape.clone()), &device);
+        let tensor: Tensor<B, D> =
+            Tensor::from_data(TensorData::new(host.data.clone(), host.shape.clone()), &device);
+        let tensor = if bf16 {
+            tensor.cast(burn::tensor::FloatDType::BF16)
+        } else {
+            tensor
+        };
         Param::from_mapped_value(id, tensor, mapper)
     }
 }

@@ -52,6 +52,7 @@ pub(crate) fn render(l: &Launch) -> Scripts {
         ("placement", placement(l)),
         ("gpus_per_replica", l.placement.gpus_per_replica.to_string()),
         ("server_device", server_device(l).into()),
+        ("server_dtype", server_dtype(l).into()),
         ("train_args", train_args(l)),
     ]);
     Scripts {
@@ -89,7 +90,8 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
 }
 
 /// Where the trainer and the in-process policy compute: on a GPU node the trainer takes the first GPU, and an
-/// in-process policy (no policy servers) the second when there is one; without GPUs both stay on the CPU.
+/// in-process policy (no policy servers) the second when there is one, with bf16 weight matrices (the dtype
+/// checkpoints ship in); without GPUs both stay on the CPU in f32.
 pub(crate) fn device_overrides(p: &Placement) -> Vec<String> {
     if p.gpus_per_node == 0 {
         return Vec::new();
@@ -98,6 +100,7 @@ pub(crate) fn device_overrides(p: &Placement) -> Vec<String> {
     if p.serve_nodes == 0 {
         let policy = u32::from(p.gpus_per_node >= 2);
         o.push(format!("model.device=cuda:{policy}"));
+        o.push("model.dtype=bf16".to_string());
     }
     o
 }
@@ -108,6 +111,15 @@ fn server_device(l: &Launch) -> &'static str {
         "cuda"
     } else {
         "cpu"
+    }
+}
+
+/// The weight dtype of each `serve-policy` replica: bf16 on a GPU, f32 on the CPU (whose kernels are f32).
+fn server_dtype(l: &Launch) -> &'static str {
+    if l.placement.gpus_per_replica > 0 {
+        "bf16"
+    } else {
+        "f32"
     }
 }
 

@@ -28,6 +28,10 @@ pub(crate) struct Args {
     /// The device: `cpu`, `cuda` (the first GPU) or `cuda:N` (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: trainer::DeviceKind,
+    /// The weight matrices' element type: `f32`, or `bf16` (CUDA only; half the memory, the dtype
+    /// checkpoints ship in).
+    #[arg(long, default_value = "f32")]
+    dtype: trainer::InferenceDtype,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
@@ -40,7 +44,10 @@ pub(crate) fn run(args: Args) -> Result<()> {
         args.device
             .check()
             .with_context(|| format!("--device {}", args.device))?;
-        let engine = PolicyEngine::load(&args.model, args.max_batch, args.device)?;
+        args.dtype
+            .check_on(args.device)
+            .with_context(|| format!("--dtype {} on --device {}", args.dtype, args.device))?;
+        let engine = PolicyEngine::load_as(&args.model, args.max_batch, args.device, args.dtype)?;
         let engine: Arc<dyn InferenceEngine> = Arc::new(engine);
         let addr = SocketAddr::new(args.host, args.port);
         let server = ProxyServer::serve_router(addr, generate_router(engine))

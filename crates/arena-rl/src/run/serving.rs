@@ -88,9 +88,11 @@ pub(crate) async fn build_engine(config: &RunConfig, model: &ChatModel, dir: &Pa
             let dir = dir.to_path_buf();
             let max_batch = config.model.max_batch as usize;
             let device = super::settings::policy_device(config)?;
-            let policy = tokio::task::spawn_blocking(move || PolicyEngine::load(&dir, max_batch, device))
-                .await
-                .context("loading the policy")??;
+            let dtype = super::settings::policy_dtype(config)?;
+            let policy =
+                tokio::task::spawn_blocking(move || PolicyEngine::load_as(&dir, max_batch, device, dtype))
+                    .await
+                    .context("loading the policy")??;
             Ok(EngineHandle {
                 engine: Arc::new(policy.clone()),
                 policy: Some(policy),

@@ -10,8 +10,8 @@ use rollout_proxy::{ProxyConfig, ReasoningFormat, SessionLimits, ToolCallFormat}
 use secrecy::SecretString;
 use stream_config::{Env, RunConfig};
 use trainer::{
-    AdamWConfig, AdvNorm, DeviceKind, KlEstimator, LossAggregation, LrSchedule, PpoConfig, ScheduleKind,
-    TrainConfig, TrainerOptions,
+    AdamWConfig, AdvNorm, DeviceKind, InferenceDtype, KlEstimator, LossAggregation, LrSchedule, PpoConfig,
+    ScheduleKind, TrainConfig, TrainerOptions,
 };
 
 use crate::error::{Context as _, Error, Result};
@@ -183,6 +183,14 @@ fn device(field: &str, value: &str) -> Result<DeviceKind> {
 /// The in-process policy's device (`model.device`).
 pub fn policy_device(config: &RunConfig) -> Result<DeviceKind> {
     device("model.device", &config.model.device)
+}
+
+/// The in-process policy's weight dtype (`model.dtype`), checked against its device.
+pub fn policy_dtype(config: &RunConfig) -> Result<InferenceDtype> {
+    let invalid = |e: trainer::Error| Error::Invalid(format!("model.dtype {:?}: {e}", config.model.dtype));
+    let dtype: InferenceDtype = config.model.dtype.parse().map_err(invalid)?;
+    dtype.check_on(policy_device(config)?).map_err(invalid)?;
+    Ok(dtype)
 }
 
 /// The trainer's device and precision (`actor.device`, `actor.bf16_autocast`).

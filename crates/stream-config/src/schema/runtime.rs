@@ -160,6 +160,11 @@ pub struct ModelSection {
     /// The in-process policy's device: `cpu`, `cuda` (the first GPU) or `cuda:N` (CUDA needs a build with
     /// `--features cuda` and an NVIDIA driver; either missing is one error at start-up).
     pub device: String,
+    /// The element type the in-process policy keeps its weight matrices in: `f32`, or `bf16` (CUDA only:
+    /// half the memory, products of bf16 operands accumulated in f32, norms and logits in f32). Trained
+    /// tokens' recorded log-probabilities then come from bf16 weights, which `train/behave_logprob_drift`
+    /// shows.
+    pub dtype: String,
 }
 
 impl Default for ModelSection {
@@ -169,6 +174,7 @@ impl Default for ModelSection {
             engine: ModelEngine::Burn,
             max_batch: 64,
             device: "cpu".to_string(),
+            dtype: "f32".to_string(),
         }
     }
 }
@@ -292,7 +298,22 @@ impl ModelSection {
         if self.max_batch == 0 {
             c.push(path.key("max_batch"), "must be >= 1, got 0");
         }
-        crate::schema::check_device(&self.device, path.key("device"), c);
+        let cuda = crate::schema::check_device(&self.device, path.key("device"), c);
+        match self.dtype.as_str() {
+            "f32" => {}
+            "bf16" if !cuda => c.push(
+                path.key("dtype"),
+                format!(
+                    "bf16 needs a CUDA device (model.device: cuda), got model.device {:?}",
+                    self.device
+                ),
+            ),
+            "bf16" => {}
+            other => c.push(
+                path.key("dtype"),
+                format!("{other:?} is not a dtype: expected f32 or bf16"),
+            ),
+        }
     }
 }
 

@@ -495,6 +495,29 @@ fn temperature_and_top_p_refuse_what_sampling_cannot_use() {
 }
 
 #[test]
+fn model_dtype_defaults_to_f32_and_bf16_needs_a_cuda_device() {
+    let problems = loop_problems(&["model.dtype=fp16"]);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("model.dtype") && p.contains("\"fp16\" is not a dtype: expected f32 or bf16")),
+        "{problems:?}"
+    );
+    let problems = loop_problems(&["model.dtype=bf16"]);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("model.dtype") && p.contains("bf16 needs a CUDA device")),
+        "{problems:?}"
+    );
+    let problems = loop_problems(&["model.dtype=bf16", "model.device=cuda:1"]);
+    assert!(
+        !problems.iter().any(|p| p.contains("model.dtype")),
+        "{problems:?}"
+    );
+}
+
+#[test]
 fn model_device_defaults_to_the_cpu_and_names_a_bad_value() {
     let c = crate::load_run_config_str(
         "run.yaml",

@@ -56,6 +56,38 @@ fn a_cpu_only_build_refuses_cuda_in_one_line() {
     assert_eq!(trainer.unwrap_err().to_string(), want);
 }
 
+#[test]
+fn bf16_inference_is_refused_on_the_cpu_in_one_line() {
+    use crate::model::CausalLm;
+    use crate::{Architecture, ModelConfig, Policy, PolicyOptions, Weights};
+
+    assert_eq!("bf16".parse::<InferenceDtype>().unwrap(), InferenceDtype::Bf16);
+    assert_eq!("f32".parse::<InferenceDtype>().unwrap(), InferenceDtype::F32);
+    assert_eq!(InferenceDtype::Bf16.to_string(), "bf16");
+    let err = "fp16".parse::<InferenceDtype>().unwrap_err().to_string();
+    assert!(
+        err.contains("\"fp16\" is not an inference dtype: expected f32 or bf16"),
+        "{err}"
+    );
+    let c = ModelConfig::new(Architecture::Llama, 29, 16, 24, 1, 2, 1);
+    let w = Weights::from_model(&CausalLm::<Cpu>::init(&c, 0.1, 1, &Default::default()));
+    let err = Policy::from_weights(
+        c,
+        &w,
+        PolicyOptions {
+            dtype: InferenceDtype::Bf16,
+            ..PolicyOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "device cpu is not available: bf16 weights for inference need a CUDA device (the CPU kernels are f32)"
+    );
+    assert!(InferenceDtype::Bf16.check_on(DeviceKind::Cuda(0)).is_ok());
+}
+
 /// Where no driver is installed (CI, this machine) the refusal names the library; where one is, a device
 /// index past the last one is refused instead.
 #[cfg(feature = "cuda")]

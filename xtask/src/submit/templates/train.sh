@@ -56,7 +56,8 @@ if [[ "${1:-}" == --step ]]; then
                 export CUDA_VISIBLE_DEVICES
             fi
             exec "$ARENA_RL_BIN" serve-policy --model "$MODEL_PATH" --host 0.0.0.0 \
-                --port "$((ARENA_POLICY_PORT + local_id))" --device {{server_device}}
+                --port "$((ARENA_POLICY_PORT + local_id))" --device {{server_device}} \
+                --dtype {{server_dtype}}
             ;;
         *)
             echo "train: unknown step '${2:-}'" >&2
