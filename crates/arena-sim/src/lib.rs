@@ -62,7 +62,10 @@ pub use harness::{
     Envelope, Harness, HarnessContext, HarnessOutcome, HarnessRun, LaunchReply, LaunchRequest,
     ScriptedConfig, ScriptedHarness, ScriptedOutcome,
 };
-pub use preset::{QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS};
+pub use preset::{
+    QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS, SUMS_ROWS,
+    SUMS_STREAM,
+};
 pub use runner::{CommandHarness, CommandRunnerDef, LlmHarness, LlmRunnerDef, RunnerDef, RunnerFault};
 pub use server::{ArenaSim, SimBuilder};
 pub use state::{Counters, GatewayCounters, RecordedRequest, RouteInfo};

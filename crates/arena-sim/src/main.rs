@@ -35,6 +35,8 @@ struct Args {
 enum Preset {
     /// The quickstart's two streams (Anthropic and Chat Completions harnesses) and grader.
     Quickstart,
+    /// The SmolLM2 run's stream of `sum` tasks (examples/configs/smollm2.yaml).
+    Sums,
 }
 
 #[tokio::main]
@@ -50,6 +52,7 @@ async fn main() -> Result<()> {
     let mut world = match (&args.world, args.preset) {
         (Some(path), _) => World::from_file(path)?,
         (None, Some(Preset::Quickstart)) => World::quickstart(),
+        (None, Some(Preset::Sums)) => World::sums(),
         (None, None) => World::default(),
     };
     if let Some(token) = env_value("ARENA_SIM_TOKEN")? {

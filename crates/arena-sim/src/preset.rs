@@ -1,4 +1,4 @@
-//! Ready-made worlds: the quickstart's Arena.
+//! Ready-made worlds: the quickstart's Arena, and the Arena of the SmolLM2 run (`sum` tasks).
 
 use stream_config::LlmProtocol;
 
@@ -14,6 +14,10 @@ pub const QUICKSTART_CHAT_STREAM: &str = "sim-chat";
 pub const QUICKSTART_REWARD: (&str, &str) = ("sim-grader", "1");
 /// Rows per quickstart stream.
 pub const QUICKSTART_ROWS: u64 = 300;
+/// The SmolLM2 run's stream of `sum` tasks (harness `chat-sim@1`, Chat Completions).
+pub const SUMS_STREAM: &str = "sim-sums";
+/// Rows of the SmolLM2 run's stream.
+pub const SUMS_ROWS: u64 = 2000;
 
 impl World {
     /// The quickstart's Arena: two active streams of [`QUICKSTART_ROWS`] generated rows each,
@@ -64,6 +68,34 @@ impl World {
         world
             .runners
             .insert("codex-sim".to_string(), llm(LlmProtocol::Responses));
+        world
+    }
+
+    /// The Arena of the SmolLM2 run (`examples/configs/smollm2.yaml`, docs/smollm2.md): one active stream,
+    /// [`SUMS_STREAM`], of [`SUMS_ROWS`] generated `sum` rows (`domain:sum`, "what is 7 + 5?", no tool),
+    /// run by the Chat Completions harness `chat-sim@1` in one turn of at most 16 tokens and scored by
+    /// `sim-grader@1`, with a published harness version and a healthy history so preflight passes.
+    pub fn sums() -> Self {
+        let (reward_key, reward_version) = QUICKSTART_REWARD;
+        let mut stream = StreamDef::new(SUMS_STREAM)
+            .harness("chat-sim", "1")
+            .reward(reward_key, reward_version)
+            .family(TaskFamily::Sum)
+            .generated(SUMS_ROWS);
+        for _ in 0..3 {
+            stream = stream.history("DONE", ("chat-sim", "1"), QUICKSTART_REWARD);
+        }
+        let mut world = World::default()
+            .stream(stream)
+            .harness_version("chat-sim", "1", "PUBLISHED");
+        world.runners.insert(
+            "chat-sim".to_string(),
+            RunnerDef::Chat(LlmRunnerDef {
+                max_turns: 1,
+                max_tokens: Some(16),
+                ..LlmRunnerDef::default()
+            }),
+        );
         world
     }
 }

@@ -11,6 +11,10 @@
 //! answers 8 to every "largest" and 1 to every "smallest" question about 0.77, and one that reads the digits
 //! 1.0.
 //!
+//! A third family, [`TaskFamily::Sum`] (tag `domain:sum`, module [`sum`]), needs no tool: "what is 7 + 5?",
+//! graded with partial credit for closeness and for answering with the number alone. It is sized for a small
+//! pretrained instruct model (SmolLM2-135M-Instruct), which solves some of it untrained.
+//!
 //! This module is also the library API that a supervised warm-up uses to produce transcripts: the harnesses
 //! build every request from [`TaskInstance::messages`], [`TaskInstance::tools`], [`assistant_turn`] and
 //! [`tool_results`], so [`TaskInstance::transcript`] is exactly the conversation a harness sends.
@@ -35,18 +39,28 @@ pub enum TaskFamily {
     Max,
     /// The smallest digit; rows carry `domain:min`.
     Min,
+    /// The sum of two one-digit numbers, no tool; rows carry `domain:sum`.
+    Sum,
 }
 
 impl TaskFamily {
     /// Every family.
-    pub const ALL: [TaskFamily; 2] = [Self::Max, Self::Min];
+    pub const ALL: [TaskFamily; 3] = [Self::Max, Self::Min, Self::Sum];
+    /// The families of the `lookup` task, the quickstart's.
+    pub const LOOKUP: [TaskFamily; 2] = [Self::Max, Self::Min];
 
-    /// The family's label (`max`, `min`).
+    /// The family's label (`max`, `min`, `sum`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Max => "max",
             Self::Min => "min",
+            Self::Sum => "sum",
         }
+    }
+
+    /// Whether its tasks are answered with the `lookup` tool.
+    pub fn uses_lookup(self) -> bool {
+        self != Self::Sum
     }
 
     /// The dataset tag of its rows (`domain:max`).
@@ -122,10 +136,10 @@ pub struct Grade {
     pub score: f64,
     /// Whether some `lookup` call named the task's key.
     pub lookup_ok: bool,
-    /// The single digit the final answer gave, if it was one.
-    pub answer: Option<u8>,
+    /// The number the final answer gave, if it gave one (a single digit for the `lookup` families).
+    pub answer: Option<u32>,
     /// The right answer.
-    pub target: u8,
+    pub target: u32,
 }
 
 /// One task: a key and the digits under it, and which digit is asked for.
@@ -159,21 +173,34 @@ impl TaskInstance {
         }
     }
 
-    /// The digit the prompt asks for.
+    /// The digit the prompt asks for (a `sum` task's target is [`TaskInstance::sum_target`]).
     pub fn target(&self) -> u8 {
         let digits = self.digits.iter().copied();
         match self.family {
             TaskFamily::Max => digits.max(),
             TaskFamily::Min => digits.min(),
+            TaskFamily::Sum => None,
         }
         .unwrap_or(0)
     }
 
-    /// The task prompt, e.g. `largest digit under key q3?`.
+    /// A `sum` task's two operands (1 to 9), from the instance's first two digits.
+    pub fn operands(&self) -> (u32, u32) {
+        sum::operands(&self.digits)
+    }
+
+    /// A `sum` task's answer.
+    pub fn sum_target(&self) -> u32 {
+        let (a, b) = self.operands();
+        a + b
+    }
+
+    /// The task prompt, e.g. `largest digit under key q3?` or `What is 7 + 5? ...`.
     pub fn prompt(&self) -> String {
         let which = match self.family {
             TaskFamily::Max => "largest",
             TaskFamily::Min => "smallest",
+            TaskFamily::Sum => return sum::prompt(self.operands()),
         };
         format!("{which} digit under key {}?", self.key)
     }
@@ -185,6 +212,16 @@ impl TaskInstance {
             .map(u8::to_string)
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    /// The tools this task offers in one protocol's shape: the `lookup` tool ([`TaskInstance::tools`]), or
+    /// none (an empty list) for a `sum` task.
+    pub fn offered_tools(&self, protocol: LlmProtocol) -> Value {
+        if self.family.uses_lookup() {
+            Self::tools(protocol)
+        } else {
+            json!([])
+        }
     }
 
     /// The tool definitions in one protocol's shape (Anthropic `input_schema`, Responses' flat functions,
@@ -248,7 +285,11 @@ impl TaskInstance {
 
     /// Grades a run: 0 without a `lookup` of the right key or without a single-digit final answer (surrounding
     /// whitespace allowed), else `max(0, 1 - |answer - target| / 4)`.
+    /// A `sum` task is graded by [`sum::grade`] instead, whatever tools were called.
     pub fn grade(&self, final_answer: Option<&str>, tool_calls: &[ToolCall]) -> Grade {
+        if self.family == TaskFamily::Sum {
+            return sum::grade(self.sum_target(), final_answer);
+        }
         let lookup_ok = tool_calls
             .iter()
             .any(|c| c.name == LOOKUP && lookup_key(&c.arguments).as_deref() == Some(self.key.as_str()));
@@ -264,8 +305,8 @@ impl TaskInstance {
         Grade {
             score,
             lookup_ok,
-            answer,
-            target,
+            answer: answer.map(u32::from),
+            target: u32::from(target),
         }
     }
 
@@ -274,6 +315,11 @@ impl TaskInstance {
     /// assistant's final answer (the target digit). Chat Completions' tool call id is `call_0`, Anthropic's
     /// `toolu_0`, Responses' `call_0`; chat templates normally do not render them.
     pub fn transcript(&self, protocol: LlmProtocol) -> Vec<Value> {
+        if self.family == TaskFamily::Sum {
+            let mut messages = self.messages(protocol);
+            messages.extend(assistant_turn(protocol, &self.sum_target().to_string(), &[]));
+            return messages;
+        }
         let id = match protocol {
             LlmProtocol::Anthropic => "toolu_0",
             LlmProtocol::Responses | LlmProtocol::ChatCompletions => "call_0",
@@ -416,6 +462,8 @@ impl SplitMix {
         z ^ (z >> 31)
     }
 }
+
+pub mod sum;
 
 #[cfg(test)]
 mod tests;

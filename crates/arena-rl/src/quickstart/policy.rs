@@ -268,7 +268,7 @@ pub fn corpus(seed: u64, n: usize) -> Result<Vec<String>> {
     let mut rng = SplitMix64::new(seed ^ 0x5eed_c0de);
     let mut texts = Vec::with_capacity(n * 6);
     for i in 0..n {
-        let family = TaskFamily::ALL[i % TaskFamily::ALL.len()];
+        let family = TaskFamily::LOOKUP[i % TaskFamily::LOOKUP.len()];
         let task = TaskInstance::from_data_id(family, &format!("quickstart-corpus-{seed}-{i}"));
         let answer = (rng.next_u64() % 10) as u8;
         let wrong = rng.next_u64().is_multiple_of(10).then(|| {

@@ -9,4 +9,5 @@ mod model;
 mod preflight;
 mod proxy;
 mod quickstart;
+mod smollm2;
 mod support;

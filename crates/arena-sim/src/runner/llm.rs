@@ -214,8 +214,9 @@ impl Inner {
     ) -> Result<Option<String>, ModelError> {
         let protocol = self.protocol;
         let mut history = task.messages(protocol);
+        let tools = task.offered_tools(protocol);
         for _ in 0..self.def.max_turns {
-            let body = wire::request_body(protocol, &conn.model, &history, self.def.max_tokens);
+            let body = wire::request_body(protocol, &conn.model, &history, &tools, self.def.max_tokens);
             progress.model_calls += 1;
             let turn = self.call(conn, &body).await?;
             if turn.calls.is_empty() {

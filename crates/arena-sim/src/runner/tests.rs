@@ -192,8 +192,8 @@ fn requests_follow_each_protocol() {
         .iter()
         .flat_map(|p| {
             [
-                request_body(*p, "m", &history, None),
-                request_body(*p, "m", &history, Some(16)),
+                request_body(*p, "m", &history, &TaskInstance::tools(*p), None),
+                request_body(*p, "m", &history, &TaskInstance::tools(*p), Some(16)),
             ]
         })
         .collect();

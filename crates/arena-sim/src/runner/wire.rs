@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use stream_config::LlmProtocol;
 
 use crate::sse::SseEvent;
-use crate::tasks::{TaskInstance, ToolCall};
+use crate::tasks::ToolCall;
 
 /// What the model said in one turn.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,14 +29,30 @@ pub(crate) fn endpoint_url(protocol: LlmProtocol, base: &str) -> String {
     }
 }
 
-/// The request body of one turn.
+/// The request body of one turn, offering `tools` (a list in the protocol's shape; an empty one is left out).
 pub(crate) fn request_body(
     protocol: LlmProtocol,
     model: &str,
     history: &[Value],
+    tools: &Value,
     max_tokens: Option<u32>,
 ) -> Value {
-    let tools = TaskInstance::tools(protocol);
+    let mut body = body_with_tools(protocol, model, history, tools, max_tokens);
+    if tools.as_array().is_some_and(Vec::is_empty)
+        && let Some(o) = body.as_object_mut()
+    {
+        o.remove("tools");
+    }
+    body
+}
+
+fn body_with_tools(
+    protocol: LlmProtocol,
+    model: &str,
+    history: &[Value],
+    tools: &Value,
+    max_tokens: Option<u32>,
+) -> Value {
     match protocol {
         LlmProtocol::Anthropic => json!({
             "model": model,

@@ -143,6 +143,7 @@ fn the_quickstart_task_scale_is_pinned() {
     let constant = mean(&|t| match t.family {
         TaskFamily::Max => "8".to_string(),
         TaskFamily::Min => "1".to_string(),
+        TaskFamily::Sum => unreachable!("the quickstart has no sums"),
     });
     let uniform = (0..10u8).map(|d| mean(&|_| d.to_string())).sum::<f64>() / 10.0;
     assert_eq!(reading, 1.0);
@@ -156,10 +157,72 @@ fn the_quickstart_task_scale_is_pinned() {
         let other = mean(&|t| match t.family {
             TaskFamily::Max => format!("{hi}"),
             TaskFamily::Min => format!("{lo}"),
+            TaskFamily::Sum => unreachable!("the quickstart has no sums"),
         });
         assert!(
             other <= constant,
             "({hi}, {lo}) scores {other:.3} > {constant:.3}"
         );
     }
+}
+
+/// The `sum` family's grade: closeness over a span of 3, full credit only for the number alone; and its
+/// scale: no constant answer pays (the best, 10, scores about 0.30 on the SmolLM2 run's rows).
+#[test]
+fn sums_are_graded_for_closeness_and_for_the_bare_number() {
+    let task = TaskInstance::from_data_id(TaskFamily::Sum, "sum-row-7");
+    let (a, b) = task.operands();
+    assert!((1..=9).contains(&a) && (1..=9).contains(&b), "{a} + {b}");
+    assert_eq!(task.sum_target(), a + b);
+    assert_eq!(
+        task.prompt(),
+        format!("What is {a} + {b}? Answer with the number only.")
+    );
+    assert_eq!(
+        task.offered_tools(LlmProtocol::ChatCompletions),
+        serde_json::json!([])
+    );
+    let t = task.sum_target();
+    let score = |reply: &str| task.grade(Some(reply), &[]).score;
+    assert_eq!(score(&t.to_string()), 1.0);
+    assert_eq!(score(&format!(" {t}.\n")), 1.0);
+    assert_eq!(score(&format!("The answer is {t}.")), 0.5);
+    assert!((score(&(t + 1).to_string()) - 2.0 / 3.0).abs() < 1e-12);
+    assert!((score(&format!("{a} + {b} = {}", t - 1)) - 1.0 / 3.0).abs() < 1e-12);
+    assert_eq!(score(&(t + 3).to_string()), 0.0);
+    assert_eq!(score("I don't know"), 0.0);
+    assert_eq!(task.grade(None, &[]).score, 0.0);
+    assert_eq!(
+        score("99999999999999999999"),
+        0.0,
+        "an integer past u32 is no answer"
+    );
+    // The transcript of a perfect run is the prompt and the bare sum, no tool.
+    let transcript = task.transcript(LlmProtocol::ChatCompletions);
+    assert_eq!(transcript.len(), 2);
+    assert_eq!(transcript[1]["content"], serde_json::json!(t.to_string()));
+    // On the SmolLM2 run's rows, the best constant answer scores about 0.30, and reading the sum 1.0.
+    let world = crate::World::sums();
+    let rows = world.streams[0].all_rows();
+    let tasks: Vec<TaskInstance> = rows
+        .iter()
+        .map(|r| TaskInstance::from_data_id(TaskFamily::Sum, &r.data_id))
+        .collect();
+    let mean = |answer: &dyn Fn(&TaskInstance) -> String| -> f64 {
+        tasks
+            .iter()
+            .map(|t| t.grade(Some(&answer(t)), &[]).score)
+            .sum::<f64>()
+            / tasks.len() as f64
+    };
+    assert_eq!(mean(&|t| t.sum_target().to_string()), 1.0);
+    let best = (2..=18u32)
+        .map(|c| mean(&|_| c.to_string()))
+        .fold(0.0f64, f64::max);
+    assert!((best - 0.30).abs() < 0.03, "the best constant scores {best:.3}");
+    // Rows tagged `domain:sum` are sums.
+    assert_eq!(
+        TaskFamily::from_tags(&serde_json::json!(["domain:sum"])),
+        Some(TaskFamily::Sum)
+    );
 }
