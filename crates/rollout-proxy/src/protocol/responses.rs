@@ -27,7 +27,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiErrorKind, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{json_object, normalise, session_of, take, warn_ignored};
+use crate::protocol::{bounds, json_object, normalise, session_of, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -167,6 +167,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
     let stream = take::<bool>(&mut map, "stream")?.unwrap_or(false);
     let model: Option<String> = take(&mut map, "model")?;
     let tools: Option<Vec<Value>> = take(&mut map, "tools")?;
+    bounds::tools(tools.as_deref())?;
     let tool_choice: Option<Value> = take(&mut map, "tool_choice")?;
     let temperature: Option<f32> = take(&mut map, "temperature")?;
     let top_p: Option<f32> = take(&mut map, "top_p")?;
@@ -176,6 +177,12 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         Some(k) if k > 0 => u32::try_from(k).ok(),
         _ => None,
     };
+    let metadata = take::<Value>(&mut map, "metadata")?;
+    bounds::openai_metadata(metadata.as_ref())?;
+    let reasoning = take::<Value>(&mut map, "reasoning")?;
+    bounds::json_field(reasoning.as_ref(), "reasoning", bounds::MAX_REASONING_BYTES)?;
+    let text = take::<Value>(&mut map, "text")?;
+    bounds::json_field(text.as_ref(), "text", bounds::MAX_TEXT_BYTES)?;
     let mut echo = RequestEcho {
         model: model.unwrap_or_else(|| state.model_name().to_string()),
         instructions: instructions.clone().unwrap_or(Value::Null),
@@ -187,10 +194,9 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         top_p: Value::from(top_p.unwrap_or(1.0)),
         tool_choice: tool_choice.clone().unwrap_or_else(|| json!("auto")),
         tools: Value::Array(tools.clone().unwrap_or_default()),
-        metadata: take::<Value>(&mut map, "metadata")?.unwrap_or_else(|| json!({})),
-        reasoning: take::<Value>(&mut map, "reasoning")?
-            .unwrap_or_else(|| json!({"effort": null, "summary": null})),
-        text: take::<Value>(&mut map, "text")?.unwrap_or_else(|| json!({"format": {"type": "text"}})),
+        metadata: metadata.unwrap_or_else(|| json!({})),
+        reasoning: reasoning.unwrap_or_else(|| json!({"effort": null, "summary": null})),
+        text: text.unwrap_or_else(|| json!({"format": {"type": "text"}})),
     };
     // Accepted and without effect: they ask for provider-side caching, storage of extra fields or billing.
     for field in [
