@@ -448,9 +448,18 @@ impl ProxyServer {
     /// Binds `addr` (port 0 picks a free port) and serves the proxy for `state`, sweeping idle sessions.
     pub async fn start(addr: SocketAddr, state: ProxyState) -> Result<Self> {
         check_bind(&addr, &state.shared.config)?;
+        let listener = TcpListener::bind(addr).await.map_err(Error::Serve)?;
+        Self::start_on(listener, state)
+    }
+
+    /// Serves the proxy for `state` on a listener the caller bound (with its own socket options, which
+    /// accepted connections inherit), sweeping idle sessions.
+    pub fn start_on(listener: TcpListener, state: ProxyState) -> Result<Self> {
+        let addr = listener.local_addr().map_err(Error::Serve)?;
+        check_bind(&addr, &state.shared.config)?;
         let sweeper = state.spawn_sweeper();
         let limits = state.shared.config.connection.clone();
-        let mut server = Self::serve_router_with(addr, router(state), limits).await?;
+        let mut server = Self::serve_listener(listener, router(state), limits)?;
         server.sweeper = Some(sweeper);
         Ok(server)
     }
@@ -469,6 +478,11 @@ impl ProxyServer {
     ) -> Result<Self> {
         limits.validate().map_err(Error::Config)?;
         let listener = TcpListener::bind(addr).await.map_err(Error::Serve)?;
+        Self::serve_listener(listener, router, limits)
+    }
+
+    fn serve_listener(listener: TcpListener, router: Router, limits: ConnectionLimits) -> Result<Self> {
+        limits.validate().map_err(Error::Config)?;
         let addr = listener.local_addr().map_err(Error::Serve)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(connection::serve_with(listener, router, limits, async move {

@@ -34,6 +34,10 @@ pub struct SessionLimits {
     pub max_tombstones: usize,
     /// What a 429 tells clients to wait, in seconds.
     pub retry_after_seconds: u64,
+    /// The most generations one session may have in flight; one more is answered 429. Claude Code runs
+    /// a few at once (the main turn, a title, subagents); a client that opens many and stops reading would
+    /// otherwise hold their token reservations.
+    pub max_generations_per_session: u32,
 }
 
 impl Default for SessionLimits {
@@ -44,6 +48,7 @@ impl Default for SessionLimits {
             session_timeout: Duration::from_secs(7200),
             max_tombstones: 65_536,
             retry_after_seconds: 1,
+            max_generations_per_session: 16,
         }
     }
 }
@@ -254,6 +259,12 @@ impl SessionStore {
 
     /// Reserves room for a generation of up to `tokens` new tokens in session `id`.
     pub(crate) fn admit(&mut self, id: &str, tokens: u64, now: Instant) -> Result<(), ApiError> {
+        let limit = self.limits.max_generations_per_session;
+        if self.active_mut(id, now)?.in_flight >= limit {
+            return Err(self.rate_limited(format!(
+                "session {id:?} has its maximum of {limit} generations in flight"
+            )));
+        }
         let used = self.stored_tokens + self.reserved_tokens;
         if used + tokens > self.limits.max_stored_tokens {
             return Err(self.rate_limited(format!(

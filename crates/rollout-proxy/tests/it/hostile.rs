@@ -1,16 +1,17 @@
 //! Hostile connections against the proxy and `serve-policy`'s `/generate` server, over raw loopback TCP:
 //! heads that never finish, idle keep-alives, trickled and oversized bodies, huge bodies without a key,
-//! and more connections than the limit; each time the server still answers `/health` afterwards.
+//! more connections than the limit, a stream the client stops reading, and more generations in flight
+//! than a session may have; each time the server still answers `/health` afterwards.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use rollout_proxy::{ConnectionLimits, FakeEngine, ProxyServer, generate_router};
-use serde_json::Value;
+use rollout_proxy::{ConnectionLimits, FakeEngine, FakeEngineConfig, ProxyServer, generate_router};
+use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
 
 use crate::common::{ADMIN, Proxy, call, config, engine_config};
@@ -23,6 +24,7 @@ fn limits() -> ConnectionLimits {
         idle_timeout: Duration::from_millis(600),
         max_body_bytes: 4096,
         max_connections: 64,
+        write_timeout: Duration::from_millis(500),
     }
 }
 
@@ -424,4 +426,163 @@ async fn serve_policy_s_generate_server_holds_the_same_limits() {
     assert_eq!(r.status, 413, "{}", r.body);
     assert_alive(addr).await;
     server.shutdown().await.expect("shuts down");
+}
+
+/// A gauge or counter's value from the proxy's `/metrics`.
+async fn metric(proxy: &Proxy, name: &str) -> f64 {
+    let r = call(Method::GET, &proxy.url("/metrics"), &[], None).await;
+    r.text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics:\n{}", r.text))
+}
+
+/// Polls `metric` until `done` holds of it, or panics at `within`.
+async fn wait_for(proxy: &Proxy, name: &str, within: Duration, done: impl Fn(f64) -> bool) -> f64 {
+    let until = Instant::now() + within;
+    loop {
+        let value = metric(proxy, name).await;
+        if done(value) {
+            return value;
+        }
+        assert!(Instant::now() < until, "{name} stayed at {value} for {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends a streamed chat request on a socket whose receive buffer is small, and never reads it.
+async fn stalled_stream(addr: SocketAddr, key: &str) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut stream = socket.connect(addr).await.expect("connects");
+    let body = json!({"messages": [{"role": "user", "content": "Talk."}], "stream": true}).to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("sends");
+    stream
+}
+
+#[tokio::test]
+async fn a_stream_the_client_stops_reading_is_dropped_at_the_write_timeout() {
+    let write_timeout = Duration::from_millis(400);
+    let mut c = config();
+    c.connection = ConnectionLimits {
+        write_timeout,
+        ..limits()
+    };
+    // A token a millisecond for 100,000 tokens: it would run for minutes if it were not dropped.
+    let engine = FakeEngineConfig {
+        token_latency: Duration::from_millis(1),
+        output_len: 100_000,
+        max_context_len: 200_000,
+        ..engine_config()
+    };
+    // Small socket buffers on both ends (accepted connections inherit the listener's), so that a few
+    // hundred frames fill them whatever the kernel's autotuning would grow them to.
+    let listener = TcpSocket::new_v4().expect("a socket");
+    listener.set_send_buffer_size(4096).expect("a small send buffer");
+    listener
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("binds");
+    let proxy = Proxy::start_on(listener.listen(64).expect("listens"), c, engine);
+    let addr = proxy.server.local_addr();
+    let (session, key) = proxy.session("stall").await;
+    let started = Instant::now();
+    let mut stream = stalled_stream(addr, &key).await;
+    let reserved = wait_for(&proxy, "rollout_proxy_reserved_tokens", SLACK, |v| v > 0.0).await;
+    assert!(reserved > 100_000.0, "the stream reserves its output: {reserved}");
+    wait_for(
+        &proxy,
+        "rollout_proxy_reserved_tokens",
+        write_timeout + 4 * SLACK,
+        |v| v == 0.0,
+    )
+    .await;
+    let released = started.elapsed();
+    assert!(released >= write_timeout, "released after {released:?}");
+    assert_eq!(
+        metric(&proxy, "rollout_proxy_aborted_generations_total").await,
+        1.0
+    );
+    // The server closed the connection: what the kernel buffered reads out, then the end.
+    let mut drained = Vec::new();
+    timeout(SLACK, stream.read_to_end(&mut drained))
+        .await
+        .expect("the connection ends")
+        .ok();
+    assert!(drained.starts_with(b"HTTP/1.1 200"));
+    // The session is free again (the sweep would now see no generation running) and nothing was recorded.
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
+    let export = proxy.export(&session, "individual").await;
+    assert_eq!(
+        export.trajectories.len(),
+        1,
+        "only the answered request is recorded"
+    );
+    assert_alive(addr).await;
+}
+
+#[tokio::test]
+async fn a_session_over_its_generation_limit_gets_429_in_its_protocol() {
+    let mut c = config();
+    c.limits.max_generations_per_session = 2;
+    // Slow tokens keep the first two generations running while the third is refused.
+    let engine = FakeEngineConfig {
+        token_latency: Duration::from_millis(5),
+        output_len: 100_000,
+        max_context_len: 200_000,
+        ..engine_config()
+    };
+    let proxy = Proxy::start(c, engine).await;
+    let addr = proxy.server.local_addr();
+    let (_, key) = proxy.session("limit").await;
+    let (_, other) = proxy.session("limit-other").await;
+    let _first = stalled_stream(addr, &key).await;
+    let _second = stalled_stream(addr, &key).await;
+    // Each stream reserves the rest of the 200,000-token window.
+    wait_for(&proxy, "rollout_proxy_reserved_tokens", SLACK, |v| v > 300_000.0).await;
+    let r = proxy
+        .messages(
+            &key,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert!(r.headers.contains_key("retry-after"));
+    let body = r.json();
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("2 generations in flight")),
+        "{body}"
+    );
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    let r = proxy
+        .chat(
+            &other,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "another session is served: {}", r.text);
+    assert_alive(addr).await;
 }
