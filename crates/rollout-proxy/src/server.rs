@@ -194,6 +194,11 @@ impl ProxyState {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The model it serves (its tokenizer and chat template).
+    pub fn model(&self) -> &Arc<ChatModel> {
+        &self.shared.model
+    }
+
     /// The model name answered when a request names none.
     pub fn model_name(&self) -> &str {
         &self.shared.model_name

@@ -586,3 +586,34 @@ async fn a_session_over_its_generation_limit_gets_429_in_its_protocol() {
     assert_eq!(r.status, StatusCode::OK, "another session is served: {}", r.text);
     assert_alive(addr).await;
 }
+
+#[tokio::test]
+async fn a_prompt_refused_for_overflow_leaves_nothing_in_the_tokenizer_s_memory() {
+    let proxy = Proxy::default().await;
+    let (_, key) = proxy.session("overflow").await;
+    let memory = || proxy.state.model().tokenizer.piece_memory();
+    // Distinct words, so that every piece is new: far more tokens than the 4,096-token window.
+    let words: Vec<String> = (0..6000).map(|i| format!("w{i}x")).collect();
+    let before = memory();
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": words.join(" ")}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded", "{}", r.text);
+    assert_eq!(memory(), before, "the refused prompt's pieces are not remembered");
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": words[..50].join(" ")}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(
+        memory().0 >= before.0 + 50,
+        "a served prompt's pieces are: {:?}",
+        memory()
+    );
+}
