@@ -351,6 +351,7 @@ impl ProxyState {
             live_sessions: store.live_sessions(),
             stored_tokens: store.stored_tokens(),
             reserved_tokens: store.reserved_tokens(),
+            response_bytes: store.response_bytes(),
         }
     }
 }

@@ -16,6 +16,7 @@ fn store(grants: bool) -> SessionStore {
             max_tombstones: 2,
             retry_after_seconds: 3,
             max_generations_per_session: 2,
+            ..SessionLimits::default()
         },
         grants,
     )

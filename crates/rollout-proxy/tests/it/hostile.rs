@@ -617,3 +617,56 @@ async fn a_prompt_refused_for_overflow_leaves_nothing_in_the_tokenizer_s_memory(
         memory()
     );
 }
+
+#[tokio::test]
+async fn stored_responses_stay_within_the_session_s_byte_budget() {
+    let mut c = config();
+    c.limits.max_response_bytes_per_session = 64 * 1024;
+    let proxy = Proxy::start(c, engine_config()).await;
+    let (session, key) = proxy.session("stored-bytes").await;
+    // Each answer echoes 8 KB of metadata and 16 KB of tools: a session key could fill memory with them.
+    let metadata: serde_json::Map<String, Value> = (0..16)
+        .map(|i| (format!("k{i}"), json!("m".repeat(500))))
+        .collect();
+    let tools: Vec<Value> = (0..16)
+        .map(|i| json!({"type": "function", "name": format!("t{i}"), "description": "d".repeat(1000)}))
+        .collect();
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        let r = proxy
+            .responses(
+                &key,
+                json!({"input": "Hi", "max_output_tokens": 4, "metadata": metadata, "tools": tools}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        ids.push(r.json()["id"].as_str().expect("an id").to_string());
+        let held = metric(&proxy, "rollout_proxy_stored_response_bytes").await;
+        assert!(held <= 64.0 * 1024.0, "{held}");
+    }
+    let auth = format!("Bearer {key}");
+    for (id, status) in [(&ids[0], StatusCode::NOT_FOUND), (&ids[11], StatusCode::OK)] {
+        let url = proxy.url(&format!("/v1/responses/{id}"));
+        let r = call(Method::GET, &url, &[("authorization", &auth)], None).await;
+        assert_eq!(r.status, status, "the oldest went first: {}", r.text);
+    }
+    let r = proxy
+        .responses(
+            &key,
+            json!({"input": "Again", "max_output_tokens": 4, "previous_response_id": ids[0]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.json()["error"]["code"], "previous_response_not_found");
+    let r = proxy
+        .responses(
+            &key,
+            json!({"input": "Again", "max_output_tokens": 4, "previous_response_id": ids[11]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "the newest chain continues: {}", r.text);
+    // The export frees them.
+    assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
+    proxy.export(&session, "individual").await;
+    assert_eq!(metric(&proxy, "rollout_proxy_stored_response_bytes").await, 0.0);
+}
