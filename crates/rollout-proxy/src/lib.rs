@@ -62,5 +62,5 @@ pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory
 pub use model::ChatModel;
 pub use parse::{ReasoningFormat, ToolCallFormat};
 pub use sampling::{HarnessSampling, SamplingDefaults};
-pub use server::{ProxyConfig, ProxyServer, ProxyState, check_bind, router, serve};
+pub use server::{ProxyConfig, ProxyServer, ProxyState, SessionRewards, check_bind, router, serve};
 pub use session::SessionLimits;

@@ -68,6 +68,21 @@ pub struct ProxyConfig {
     pub harness_sampling: HarnessSampling,
     /// Header, body and idle timeouts, the body size limit and the connection limit it is served under.
     pub connection: ConnectionLimits,
+    /// What becomes of rewards a session sets on its own interactions with its key.
+    pub session_rewards: SessionRewards,
+}
+
+/// What becomes of a reward a session sets with its own key (`POST /rl/set_reward`): the reference
+/// allows the call, so a harness (or the agent code it runs) may grade itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionRewards {
+    /// Kept and exported like the admin's (the reference's behaviour).
+    #[default]
+    Honour,
+    /// Answered as the reference answers it (the interaction's id), but not kept: only rewards the admin
+    /// sets, and the export's `final_reward`, reach the export. A trainer whose reward comes from
+    /// elsewhere (arena-rl's, from Arena) sets this.
+    Ignore,
 }
 
 impl std::fmt::Debug for ProxyConfig {
@@ -85,6 +100,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("sampling", &self.sampling)
             .field("harness_sampling", &self.harness_sampling)
             .field("connection", &self.connection)
+            .field("session_rewards", &self.session_rewards)
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +124,7 @@ impl ProxyConfig {
             sampling: SamplingDefaults::default(),
             harness_sampling: HarnessSampling::Honour,
             connection: ConnectionLimits::default(),
+            session_rewards: SessionRewards::Honour,
         }
     }
 }

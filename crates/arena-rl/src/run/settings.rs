@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use arena_client::{ClientConfig, RegistryOptions, RetryPolicy};
 use reward_routing::{GroupSettings, RewardConfig};
-use rollout_proxy::{ProxyConfig, ReasoningFormat, SessionLimits, ToolCallFormat};
+use rollout_proxy::{ProxyConfig, ReasoningFormat, SessionLimits, SessionRewards, ToolCallFormat};
 use secrecy::SecretString;
 use stream_config::{Env, RunConfig};
 use trainer::{
@@ -77,6 +77,9 @@ pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig 
         ..SessionLimits::default()
     };
     proxy.export_wait_timeout = config.proxy.export_wait_timeout_seconds.duration();
+    // The reward that trains, and that rollouts.jsonl reports, is Arena's; a session's key is in the
+    // hands of the agent code being graded, so what it sets for itself is answered and dropped.
+    proxy.session_rewards = SessionRewards::Ignore;
     proxy.default_max_new_tokens = Some(config.gconfig.max_new_tokens);
     proxy.sampling = sampling_defaults(config);
     proxy.harness_sampling = match config.gconfig.harness_sampling {

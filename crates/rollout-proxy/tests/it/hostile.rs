@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use rollout_proxy::{ConnectionLimits, FakeEngine, FakeEngineConfig, ProxyServer, generate_router};
+use rollout_proxy::{
+    ConnectionLimits, FakeEngine, FakeEngineConfig, ProxyServer, SessionRewards, generate_router,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -669,4 +671,65 @@ async fn stored_responses_stay_within_the_session_s_byte_budget() {
     assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
     proxy.export(&session, "individual").await;
     assert_eq!(metric(&proxy, "rollout_proxy_stored_response_bytes").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_reward_a_session_sets_itself_is_answered_but_not_exported_under_ignore() {
+    for (mode, kept) in [(SessionRewards::Honour, 5.0), (SessionRewards::Ignore, 0.0)] {
+        let mut c = config();
+        c.session_rewards = mode;
+        let proxy = Proxy::start(c, engine_config()).await;
+        let (session, key) = proxy.session("self-graded").await;
+        let ask = |text: &str| json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4});
+        let first = proxy.chat(&key, ask("One")).await.json()["id"]
+            .as_str()
+            .expect("an id")
+            .to_string();
+        assert_eq!(proxy.chat(&key, ask("Two")).await.status, StatusCode::OK);
+        let auth = format!("Bearer {key}");
+        let url = proxy.url("/rl/set_reward");
+        let r = call(
+            Method::POST,
+            &url,
+            &[("authorization", &auth)],
+            Some(json!({"reward": 5.0, "interaction_id": first})),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{mode:?}: {}", r.text);
+        assert_eq!(
+            r.json()["interaction_id"],
+            first.as_str(),
+            "answered as the reference answers"
+        );
+        let r = call(
+            Method::POST,
+            &url,
+            &[("authorization", &auth)],
+            Some(json!({"reward": 5.0, "interaction_id": "nope"})),
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_REQUEST,
+            "{mode:?}: an unknown id is still refused"
+        );
+        assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
+        let r = proxy
+            .admin(
+                "/export_trajectories",
+                json!({"session_id": session, "style": "individual", "final_reward": 1.0, "discount": 1.0}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        let export: rollout_proxy::ExportedSession = serde_json::from_str(&r.text).expect("an export");
+        let oldest = &export.trajectories[0];
+        assert_eq!(oldest.interaction_id, first);
+        assert_eq!(oldest.original_reward, kept, "{mode:?}");
+        assert_eq!(
+            oldest.reward,
+            kept + 1.0,
+            "{mode:?}: the final reward discounted back"
+        );
+        assert_eq!(export.trajectories[1].original_reward, 1.0, "{mode:?}");
+    }
 }
