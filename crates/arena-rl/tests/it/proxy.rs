@@ -193,6 +193,45 @@ async fn a_run_s_proxy_never_exports_a_reward_a_session_sets_itself() {
     )
     .expect("a config");
     let proxy_config = arena_rl::run::settings::proxy_config(&config, SecretString::from(ADMIN));
+    assert_eq!(
+        proxy_config.session_rewards,
+        rollout_proxy::SessionRewards::Ignore
+    );
+    assert_eq!(
+        proxy_config.connection,
+        rollout_proxy::ConnectionLimits::default()
+    );
+    // Each limit of the `proxy` section reaches the proxy's own settings.
+    let tuned = stream_config::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\nproxy:\n  header_read_timeout_seconds: 1\n  body_read_timeout_seconds: 2\n  \
+         idle_timeout_seconds: 3\n  write_timeout_seconds: 4\n  max_body_bytes: 5\n  max_connections: 6\n  \
+         max_generations_per_session: 7\n  max_response_bytes_per_session: 8\n  max_response_bytes: 9\n",
+        &[],
+        &stream_config::Env::default(),
+    )
+    .expect("a config");
+    let tuned = arena_rl::run::settings::proxy_config(&tuned, SecretString::from(ADMIN));
+    let secs = std::time::Duration::from_secs;
+    assert_eq!(
+        tuned.connection,
+        rollout_proxy::ConnectionLimits {
+            header_read_timeout: secs(1),
+            body_read_timeout: secs(2),
+            idle_timeout: secs(3),
+            write_timeout: secs(4),
+            max_body_bytes: 5,
+            max_connections: 6,
+        }
+    );
+    assert_eq!(
+        (
+            tuned.limits.max_generations_per_session,
+            tuned.limits.max_response_bytes_per_session,
+            tuned.limits.max_response_bytes
+        ),
+        (7, 8, 9)
+    );
     let model = Arc::new(ChatModel::from_dir(model).expect("SmolLM2 loads"));
     let engine = Arc::new(FakeEngine::new(FakeEngineConfig {
         eos_token: model.stop_token_ids.first().copied(),
