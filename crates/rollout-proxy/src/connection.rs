@@ -1,11 +1,14 @@
 //! Serving a router over TCP so that nothing which reaches the port can hold the server: a deadline for
-//! each request's head, one for its whole body, one for idle keep-alives, a body size limit, a cap on
-//! connections in flight, and graceful shutdown.
+//! each request's head, one for its whole body, one for idle keep-alives, one for a write that makes no
+//! progress (a client that stops reading a stream), a body size limit, a cap on connections in flight,
+//! and graceful shutdown.
 //!
 //! hyper's own header-read timer restarts as soon as a response is written, so it would also close idle
 //! keep-alives at the header timeout; each connection here has a small watchdog instead, which knows
 //! whether the connection is reading a head, handling a request or idle, and closes it when the deadline
-//! of that phase passes. Bodies are guarded as they are read ([`BodyRefused`]), so a handler can check
+//! of that phase passes, or when a write has waited on a full socket for `write_timeout`: closing the
+//! connection drops the response, so a stalled stream's generation is aborted and its token reservation
+//! released. Bodies are guarded as they are read ([`BodyRefused`]), so a handler can check
 //! credentials before it reads a byte of the body.
 
 #[cfg(test)]
@@ -48,6 +51,9 @@ pub struct ConnectionLimits {
     pub max_body_bytes: usize,
     /// The most connections served at once; one more is answered 503 and closed at once.
     pub max_connections: usize,
+    /// How long a write may wait on a socket the client does not read before the connection is closed
+    /// (and the response it was writing, a stream's generation included, dropped).
+    pub write_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -59,6 +65,7 @@ impl Default for ConnectionLimits {
             max_body_bytes: 32 * 1024 * 1024,
             // Above the proxy bench's 1,024 concurrent clients plus the idle keep-alives its pool holds.
             max_connections: 4096,
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -72,6 +79,7 @@ impl ConnectionLimits {
             ("idle_timeout", self.idle_timeout.is_zero()),
             ("max_body_bytes", self.max_body_bytes == 0),
             ("max_connections", self.max_connections == 0),
+            ("write_timeout", self.write_timeout.is_zero()),
         ]
         .into_iter()
         .filter_map(|(name, bad)| bad.then_some(name))
@@ -222,6 +230,7 @@ impl Connection {
         let io = TokioIo::new(Watched {
             inner: stream,
             watch: watch.clone(),
+            stalled: false,
         });
         let service = {
             let (router, limits, watch) = (self.router.clone(), self.limits.clone(), watch.clone());
@@ -251,7 +260,7 @@ impl Connection {
                 }
                 () = sleep_until(deadline) => {
                     if watch.deadline(&self.limits).is_some_and(|d| d <= Instant::now()) {
-                        tracing::debug!("closing a connection past its header or idle deadline");
+                        tracing::debug!("closing a connection past its header, idle or write deadline");
                         return;
                     }
                 }
@@ -282,6 +291,8 @@ struct Phase {
     idle_since: Instant,
     /// Whether a request was ever handled (a fresh connection gets the header timeout, not the idle one).
     served: bool,
+    /// Since when a write has waited on a full socket with no byte written, if one is waiting.
+    write_stalled_since: Option<Instant>,
 }
 
 struct Watchdog {
@@ -297,6 +308,7 @@ impl Watchdog {
                 head_since: None,
                 idle_since: Instant::now(),
                 served: false,
+                write_stalled_since: None,
             }),
             notify: Notify::new(),
         }
@@ -310,7 +322,10 @@ impl Watchdog {
 
     fn deadline(&self, limits: &ConnectionLimits) -> Option<Instant> {
         let phase = self.phase();
-        if phase.busy > 0 {
+        let stalled = phase
+            .write_stalled_since
+            .map(|since| since + limits.write_timeout);
+        let phase_deadline = if phase.busy > 0 {
             None
         } else if let Some(since) = phase.head_since {
             Some(since + limits.header_read_timeout)
@@ -318,7 +333,19 @@ impl Watchdog {
             Some(phase.idle_since + limits.idle_timeout)
         } else {
             Some(phase.idle_since + limits.header_read_timeout)
+        };
+        match (phase_deadline, stalled) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
+    }
+
+    /// A write found the socket full (`true`) or wrote bytes (`false`).
+    fn write_stalled(&self, stalled: bool) {
+        let mut phase = self.phase();
+        phase.write_stalled_since = stalled.then(Instant::now);
+        drop(phase);
+        self.notify.notify_one();
     }
 
     fn bytes_arrived(&self) {
@@ -355,10 +382,26 @@ impl Drop for Busy {
     }
 }
 
-/// The socket, telling the watchdog when bytes arrive.
+/// The socket, telling the watchdog when bytes arrive and when writes stall or make progress.
 struct Watched {
     inner: TcpStream,
     watch: Arc<Watchdog>,
+    /// Whether the last write found the socket full (the watchdog is told only of changes).
+    stalled: bool,
+}
+
+impl Watched {
+    fn wrote(&mut self, polled: &Poll<std::io::Result<usize>>) {
+        let stalled = match polled {
+            Poll::Pending => true,
+            Poll::Ready(Ok(n)) if *n > 0 => false,
+            Poll::Ready(_) => return,
+        };
+        if stalled != self.stalled {
+            self.stalled = stalled;
+            self.watch.write_stalled(stalled);
+        }
+    }
 }
 
 impl AsyncRead for Watched {
@@ -379,7 +422,10 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(&polled);
+        polled
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -395,7 +441,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::error::{ApiError, ApiErrorKind};
 use crate::export::{ExportOptions, ExportedSession};
 use crate::metrics::Metrics;
-use crate::server::{Caller, ProxyState};
+use crate::server::{Caller, ProxyState, SessionRewards};
 use wire::{
     EndSessionRequest, ExportRequest, GrantCapacityReply, GrantCapacityRequest, HealthReply, ModelCard,
     ModelList, SetRewardReply, SetRewardRequest, StartSessionReply, StartSessionRequest,
@@ -169,13 +169,20 @@ pub(crate) async fn set_reward(
         if !reward.reward.is_finite() {
             return Err(ApiError::invalid("reward must be finite").with_param("reward"));
         }
+        let keep = caller == Caller::Admin || state.shared().config.session_rewards == SessionRewards::Honour;
         let id = target(caller, reward.session_id)?;
         let mut store = state.store();
         let session = store.get_mut(&id)?;
         let set = session
             .trajectory
-            .set_reward(reward.interaction_id.as_deref(), reward.reward)
+            .set_reward(reward.interaction_id.as_deref(), keep.then_some(reward.reward))
             .map_err(|m| ApiError::invalid(m).with_param("interaction_id"))?;
+        if !keep {
+            tracing::debug!(
+                session = &*id,
+                "not keeping a reward the session set with its own key"
+            );
+        }
         Ok(axum::Json(SetRewardReply {
             message: "success".to_string(),
             interaction_id: set,

@@ -45,6 +45,8 @@
 //! retried, or branched) appears in full in every leaf that extends it, as in the reference. Rewards are
 //! discounted once over the session's interactions from newest to oldest (`r_i += discount * r_{i+1}`,
 //! unset rewards count as 0); `reward` is the discounted value and `original_reward` the value as set.
+//! Under [`crate::SessionRewards::Ignore`] a reward a session set with its own key was never kept, so
+//! only the admin's rewards and `final_reward` appear here.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -29,7 +29,7 @@ use crate::parse::{OutputParser, Parsed, StopMatcher, ToolCallFormat};
 use crate::sampling::resolve;
 use crate::server::ProxyState;
 use crate::template::RenderOptions;
-use crate::tokenizer::IncrementalDecoder;
+use crate::tokenizer::{IncrementalDecoder, StagedPieces};
 use crate::trajectory::{Finish, Interaction, TokenSampling, encode_versions};
 
 /// A generation request in protocol-neutral form: OpenAI-style messages (already normalised and
@@ -271,6 +271,8 @@ struct Prompt {
     input_key: u64,
     images: Vec<Value>,
     starts_in_reasoning: bool,
+    /// Pieces new to the tokenizer's memory, remembered only once the prompt fits the context window.
+    staged: StagedPieces,
 }
 
 /// How many tokens the prompt of `input` has in `session`, computed exactly as a generation would (the
@@ -280,9 +282,12 @@ pub fn count_prompt_tokens(
     session: &Arc<str>,
     mut input: GenerationInput,
 ) -> Result<usize, ApiError> {
-    Ok(build_prompt(state, session, &mut input, Instant::now())?
-        .tokens
-        .len())
+    let prompt = build_prompt(state, session, &mut input, Instant::now())?;
+    let tokens = prompt.tokens.len();
+    if tokens < state.shared().engine.max_context_len() {
+        state.shared().model.tokenizer.remember(prompt.staged);
+    }
+    Ok(tokens)
 }
 
 /// Builds the prompt for `input` in `session` and admits it. `id_prefix` is the protocol's id prefix
@@ -302,6 +307,7 @@ pub fn prepare(
         input_key,
         images,
         starts_in_reasoning,
+        staged,
     } = build_prompt(state, session, &mut input, now)?;
     let model = &shared.model;
     let max_ctx = shared.engine.max_context_len();
@@ -317,6 +323,7 @@ pub fn prepare(
             .with_param("messages")
             .with_context_len(prompt.len(), max_ctx));
     }
+    model.tokenizer.remember(staged);
     let remaining = u32::try_from(max_ctx - prompt.len()).unwrap_or(u32::MAX);
     let max_new = match input.max_tokens {
         Some(0) => return Err(ApiError::invalid("max_tokens must be at least 1").with_param("max_tokens")),
@@ -424,10 +431,11 @@ fn build_prompt(
         .template
         .render(&messages, options)
         .map_err(template_error)?;
-    let encode = |text: &str| {
+    let mut staged = StagedPieces::default();
+    let mut encode = |text: &str| {
         model
             .tokenizer
-            .encode(text)
+            .encode_staged(text, &mut staged)
             .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
     };
     let mut parent_index = None;
@@ -471,6 +479,7 @@ fn build_prompt(
         input_key,
         images,
         starts_in_reasoning: full.trim_end().ends_with("<think>"),
+        staged,
     })
 }
 

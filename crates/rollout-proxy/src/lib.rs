@@ -17,8 +17,13 @@
 //!
 //! - [`ProxyState::new`] with a [`ProxyConfig`], a [`ChatModel`] ([`ChatModel::from_dir`]) and an
 //!   `Arc<dyn InferenceEngine>`; then [`router`] for tests (no socket needed), or [`ProxyServer::start`] /
-//!   [`serve`] to listen without naming the HTTP stack, under [`ConnectionLimits`] (header, body and idle
-//!   timeouts, a body limit, a connection limit; [`serve_with`]).
+//!   [`serve`] to listen without naming the HTTP stack, under [`ConnectionLimits`] (header, body, idle and
+//!   write timeouts, a body limit, a connection limit; [`serve_with`]).
+//! - Bounds: request fields as the real APIs bound them (stop strings, `metadata`, `tools`, Responses
+//!   `text` and `reasoning`; each refusal a 400 naming the field), [`SessionLimits`] (sessions, tokens,
+//!   generations in flight per session, stored Responses bytes per session and in all), the tokenizer's
+//!   piece memory in bytes, and [`SessionRewards`] for rewards a session sets on itself. The repository's
+//!   `docs/proxy-limits.md` lists every bound with its default.
 //! - Protocols: Chat Completions (`/v1/chat/completions`), Anthropic Messages (`/v1/messages`,
 //!   `/v1/messages/count_tokens`) and Responses (`/v1/responses`, `GET /v1/responses/{id}`), each also
 //!   without the `/v1` prefix; the control endpoints of reference section 6.4, whose request and reply
@@ -62,5 +67,5 @@ pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory
 pub use model::ChatModel;
 pub use parse::{ReasoningFormat, ToolCallFormat};
 pub use sampling::{HarnessSampling, SamplingDefaults};
-pub use server::{ProxyConfig, ProxyServer, ProxyState, check_bind, router, serve};
+pub use server::{ProxyConfig, ProxyServer, ProxyState, SessionRewards, check_bind, router, serve};
 pub use session::SessionLimits;

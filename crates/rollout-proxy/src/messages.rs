@@ -202,16 +202,31 @@ impl Preprocessor for StripSystemReminders {
         for message in messages.iter_mut() {
             if let Some(content) = message.get_mut("content") {
                 for_each_text(content, &mut |text| {
-                    while let Some(start) = text.find(OPEN) {
-                        let end = text[start..]
-                            .find(CLOSE)
-                            .map_or(text.len(), |e| start + e + CLOSE.len());
-                        text.replace_range(start..end, "");
+                    if let Some(stripped) = strip_spans(text, OPEN, CLOSE) {
+                        *text = stripped;
                     }
                 });
             }
         }
     }
+}
+
+/// `text` without its `open ... close` spans (an unclosed one runs to the end), in one pass over the text
+/// as sent: a tag that only forms once a span is gone stays text. `None` when there is none.
+pub(crate) fn strip_spans(text: &str, open: &str, close: &str) -> Option<String> {
+    let first = text.find(open)?;
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    let mut next = Some(first);
+    while let Some(start) = next {
+        out.push_str(&text[at..start]);
+        at = text[start + open.len()..]
+            .find(close)
+            .map_or(text.len(), |e| start + open.len() + e + close.len());
+        next = text[at..].find(open).map(|s| at + s);
+    }
+    out.push_str(&text[at..]);
+    Some(out)
 }
 
 /// Removes `cache_control` fields from messages and content blocks.

@@ -57,6 +57,7 @@ pub(crate) struct Metrics {
     live_sessions: Gauge,
     stored_tokens: Gauge,
     reserved_tokens: Gauge,
+    response_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -70,6 +71,7 @@ pub(crate) struct Gauges {
     pub(crate) live_sessions: usize,
     pub(crate) stored_tokens: u64,
     pub(crate) reserved_tokens: u64,
+    pub(crate) response_bytes: usize,
 }
 
 impl Default for Metrics {
@@ -91,6 +93,7 @@ impl Default for Metrics {
             live_sessions: Gauge::default(),
             stored_tokens: Gauge::default(),
             reserved_tokens: Gauge::default(),
+            response_bytes: Gauge::default(),
         };
         m.register();
         m
@@ -167,7 +170,7 @@ impl Metrics {
         for (name, help, counter) in counters {
             r.register(name, help, counter.clone());
         }
-        let gauges: [(&str, &str, &Gauge); 3] = [
+        let gauges: [(&str, &str, &Gauge); 4] = [
             (
                 "rollout_proxy_live_sessions",
                 "Sessions held (live or awaiting export)",
@@ -182,6 +185,11 @@ impl Metrics {
                 "rollout_proxy_reserved_tokens",
                 "Tokens reserved by running generations",
                 &self.reserved_tokens,
+            ),
+            (
+                "rollout_proxy_stored_response_bytes",
+                "Bytes of JSON held in stored Responses answers",
+                &self.response_bytes,
             ),
         ];
         for (name, help, gauge) in gauges {
@@ -212,6 +220,7 @@ impl Metrics {
         self.live_sessions.set(clamp(gauges.live_sessions as u64));
         self.stored_tokens.set(clamp(gauges.stored_tokens));
         self.reserved_tokens.set(clamp(gauges.reserved_tokens));
+        self.response_bytes.set(clamp(gauges.response_bytes as u64));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("encoding into a String cannot fail");

@@ -327,18 +327,59 @@ fn parse_qwen3_coder(
 }
 
 /// Finds stop strings in streamed text, holding back text that might be the start of one.
+///
+/// The work per pushed piece is linear in the piece and the held text (at most the longest stop string)
+/// for each stop string: a match is found with `str::find`, and how much to hold back with each stop
+/// string's prefix function (Knuth-Morris-Pratt), so a hostile stop string cannot make it quadratic.
 #[derive(Debug, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
+    /// For each stop string `s` and each `k`, the length of the longest proper prefix of `s[..=k]` that
+    /// is also its suffix.
+    prefix: Vec<Vec<usize>>,
     held: String,
     matched: Option<usize>,
+}
+
+/// The prefix function of `s`'s bytes.
+fn prefix_function(s: &[u8]) -> Vec<usize> {
+    let mut pi = vec![0; s.len()];
+    let mut k = 0;
+    for i in 1..s.len() {
+        while k > 0 && s[i] != s[k] {
+            k = pi[k - 1];
+        }
+        if s[i] == s[k] {
+            k += 1;
+        }
+        pi[i] = k;
+    }
+    pi
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of `s` (whose prefix function is
+/// `pi`). It ends where `text` does and begins at a byte equal to `s`'s first, so it is a whole number of
+/// characters.
+fn held_prefix(text: &[u8], s: &[u8], pi: &[usize]) -> usize {
+    let mut k = 0;
+    for &b in text {
+        while k > 0 && (k == s.len() || s[k] != b) {
+            k = pi[k - 1];
+        }
+        if s[k] == b {
+            k += 1;
+        }
+    }
+    if k == s.len() { pi[k - 1] } else { k }
 }
 
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: Vec<String>) -> Self {
+        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
         Self {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            prefix: stops.iter().map(|s| prefix_function(s.as_bytes())).collect(),
+            stops,
             held: String::new(),
             matched: None,
         }
@@ -368,15 +409,15 @@ impl StopMatcher {
             self.matched = Some(which);
             return (out, true);
         }
+        let held = self.held.as_bytes();
         let keep = self
             .stops
             .iter()
-            .map(|s| {
-                (1..s.len())
-                    .rev()
-                    .filter(|&k| s.is_char_boundary(k))
-                    .find(|&k| self.held.ends_with(&s[..k]))
-                    .unwrap_or(0)
+            .zip(&self.prefix)
+            .map(|(s, pi)| {
+                // Only the last `s.len() - 1` bytes can begin a prefix of `s`.
+                let from = held.len().saturating_sub(s.len() - 1);
+                held_prefix(&held[from..], s.as_bytes(), pi)
             })
             .max()
             .unwrap_or(0);

@@ -2,6 +2,7 @@
 //! field with clear errors, and turning messages into the core's normalised form.
 
 pub(crate) mod anthropic;
+pub(crate) mod bounds;
 pub(crate) mod chat;
 pub(crate) mod responses;
 

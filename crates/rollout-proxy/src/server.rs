@@ -68,6 +68,21 @@ pub struct ProxyConfig {
     pub harness_sampling: HarnessSampling,
     /// Header, body and idle timeouts, the body size limit and the connection limit it is served under.
     pub connection: ConnectionLimits,
+    /// What becomes of rewards a session sets on its own interactions with its key.
+    pub session_rewards: SessionRewards,
+}
+
+/// What becomes of a reward a session sets with its own key (`POST /rl/set_reward`): the reference
+/// allows the call, so a harness (or the agent code it runs) may grade itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionRewards {
+    /// Kept and exported like the admin's (the reference's behaviour).
+    #[default]
+    Honour,
+    /// Answered as the reference answers it (the interaction's id), but not kept: only rewards the admin
+    /// sets, and the export's `final_reward`, reach the export. A trainer whose reward comes from
+    /// elsewhere (arena-rl's, from Arena) sets this.
+    Ignore,
 }
 
 impl std::fmt::Debug for ProxyConfig {
@@ -85,6 +100,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("sampling", &self.sampling)
             .field("harness_sampling", &self.harness_sampling)
             .field("connection", &self.connection)
+            .field("session_rewards", &self.session_rewards)
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +124,7 @@ impl ProxyConfig {
             sampling: SamplingDefaults::default(),
             harness_sampling: HarnessSampling::Honour,
             connection: ConnectionLimits::default(),
+            session_rewards: SessionRewards::Honour,
         }
     }
 }
@@ -192,6 +209,11 @@ impl ProxyState {
             .store
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The model it serves (its tokenizer and chat template).
+    pub fn model(&self) -> &Arc<ChatModel> {
+        &self.shared.model
     }
 
     /// The model name answered when a request names none.
@@ -346,6 +368,7 @@ impl ProxyState {
             live_sessions: store.live_sessions(),
             stored_tokens: store.stored_tokens(),
             reserved_tokens: store.reserved_tokens(),
+            response_bytes: store.response_bytes(),
         }
     }
 }
@@ -448,9 +471,18 @@ impl ProxyServer {
     /// Binds `addr` (port 0 picks a free port) and serves the proxy for `state`, sweeping idle sessions.
     pub async fn start(addr: SocketAddr, state: ProxyState) -> Result<Self> {
         check_bind(&addr, &state.shared.config)?;
+        let listener = TcpListener::bind(addr).await.map_err(Error::Serve)?;
+        Self::start_on(listener, state)
+    }
+
+    /// Serves the proxy for `state` on a listener the caller bound (with its own socket options, which
+    /// accepted connections inherit), sweeping idle sessions.
+    pub fn start_on(listener: TcpListener, state: ProxyState) -> Result<Self> {
+        let addr = listener.local_addr().map_err(Error::Serve)?;
+        check_bind(&addr, &state.shared.config)?;
         let sweeper = state.spawn_sweeper();
         let limits = state.shared.config.connection.clone();
-        let mut server = Self::serve_router_with(addr, router(state), limits).await?;
+        let mut server = Self::serve_listener(listener, router(state), limits)?;
         server.sweeper = Some(sweeper);
         Ok(server)
     }
@@ -469,6 +501,11 @@ impl ProxyServer {
     ) -> Result<Self> {
         limits.validate().map_err(Error::Config)?;
         let listener = TcpListener::bind(addr).await.map_err(Error::Serve)?;
+        Self::serve_listener(listener, router, limits)
+    }
+
+    fn serve_listener(listener: TcpListener, router: Router, limits: ConnectionLimits) -> Result<Self> {
+        limits.validate().map_err(Error::Config)?;
         let addr = listener.local_addr().map_err(Error::Serve)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(connection::serve_with(listener, router, limits, async move {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::auth;
 use crate::control::wire::EndSessionReply;
 use crate::error::{ApiError, ApiErrorKind};
-use crate::protocol::responses::ResponseStore;
+use crate::protocol::responses::{ResponseStore, StoredResponse};
 use crate::trajectory::{Interaction, Trajectory};
 
 /// Bounds on what the store holds.
@@ -34,6 +34,16 @@ pub struct SessionLimits {
     pub max_tombstones: usize,
     /// What a 429 tells clients to wait, in seconds.
     pub retry_after_seconds: u64,
+    /// The most generations one session may have in flight; one more is answered 429. Claude Code runs
+    /// a few at once (the main turn, a title, subagents); a client that opens many and stops reading would
+    /// otherwise hold their token reservations.
+    pub max_generations_per_session: u32,
+    /// The most bytes of JSON one session's stored Responses answers may take (their echoed `metadata`,
+    /// `tools`, `text` and `reasoning` included); past it the oldest are forgotten first.
+    pub max_response_bytes_per_session: usize,
+    /// The most bytes of stored Responses answers across all sessions; a session storing past it forgets
+    /// its own oldest first.
+    pub max_response_bytes: usize,
 }
 
 impl Default for SessionLimits {
@@ -44,6 +54,9 @@ impl Default for SessionLimits {
             session_timeout: Duration::from_secs(7200),
             max_tombstones: 65_536,
             retry_after_seconds: 1,
+            max_generations_per_session: 16,
+            max_response_bytes_per_session: 64 * 1024 * 1024,
+            max_response_bytes: 2 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -87,6 +100,8 @@ pub(crate) struct SessionStore {
     tombstone_order: VecDeque<Arc<str>>,
     stored_tokens: u64,
     reserved_tokens: u64,
+    /// Bytes of stored Responses answers across sessions.
+    response_bytes: usize,
 }
 
 /// Session ids may only hold these characters, so they survive headers and the agent's id pattern.
@@ -112,6 +127,7 @@ impl SessionStore {
             tombstone_order: VecDeque::new(),
             stored_tokens: 0,
             reserved_tokens: 0,
+            response_bytes: 0,
         }
     }
 
@@ -137,6 +153,27 @@ impl SessionStore {
 
     pub(crate) fn reserved_tokens(&self) -> u64 {
         self.reserved_tokens
+    }
+
+    /// Bytes of stored Responses answers across sessions.
+    pub(crate) fn response_bytes(&self) -> usize {
+        self.response_bytes
+    }
+
+    /// Keeps a Responses answer in session `id` (if it still exists) within the byte budgets: the
+    /// session's own, and what the other sessions leave of the total.
+    pub(crate) fn store_response(&mut self, id: &str, response_id: &str, response: StoredResponse) {
+        let Some(session) = self.sessions.get_mut(id) else {
+            return;
+        };
+        let before = session.responses.bytes();
+        let others = self.response_bytes - before;
+        let budget = self
+            .limits
+            .max_response_bytes_per_session
+            .min(self.limits.max_response_bytes.saturating_sub(others));
+        session.responses.insert(response_id, response, budget);
+        self.response_bytes = others + session.responses.bytes();
     }
 
     /// Starts a session for `task_id` with `api_key` (or a fresh random one).
@@ -254,6 +291,12 @@ impl SessionStore {
 
     /// Reserves room for a generation of up to `tokens` new tokens in session `id`.
     pub(crate) fn admit(&mut self, id: &str, tokens: u64, now: Instant) -> Result<(), ApiError> {
+        let limit = self.limits.max_generations_per_session;
+        if self.active_mut(id, now)?.in_flight >= limit {
+            return Err(self.rate_limited(format!(
+                "session {id:?} has its maximum of {limit} generations in flight"
+            )));
+        }
         let used = self.stored_tokens + self.reserved_tokens;
         if used + tokens > self.limits.max_stored_tokens {
             return Err(self.rate_limited(format!(
@@ -337,6 +380,7 @@ impl SessionStore {
             self.keys.remove(&session.key_digest);
         }
         self.stored_tokens = self.stored_tokens.saturating_sub(session.stored_tokens);
+        self.response_bytes = self.response_bytes.saturating_sub(session.responses.bytes());
         session.ended_tx.send_replace(true);
         self.tombstones.insert(session.id.clone(), reason);
         self.tombstone_order.push_back(session.id.clone());

@@ -8,6 +8,7 @@ mod tests;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+pub use fast::StagedPieces;
 use fast::{ByteTable, FastEncoder};
 
 /// A Hugging Face tokenizer, plus the ids of its special tokens and, for byte-level BPE tokenizers, a fast
@@ -103,11 +104,39 @@ impl Tokenizer {
         if let Some(ids) = self
             .fast
             .as_ref()
-            .and_then(|f| f.encode(self.inner.get_model(), text))
+            .and_then(|f| f.encode(self.inner.get_model(), text, None))
         {
             return Ok(ids);
         }
         self.encode_reference(text)
+    }
+
+    /// Encodes as [`Tokenizer::encode`] does, but keeps the pieces the fast path's memory does not hold
+    /// in `staged` instead of remembering them; [`Tokenizer::remember`] remembers them once the caller
+    /// knows the text is worth it (the proxy: once the prompt fits the context window).
+    pub fn encode_staged(&self, text: &str, staged: &mut StagedPieces) -> Result<Vec<u32>> {
+        if let Some(ids) = self
+            .fast
+            .as_ref()
+            .and_then(|f| f.encode(self.inner.get_model(), text, Some(staged)))
+        {
+            return Ok(ids);
+        }
+        self.encode_reference(text)
+    }
+
+    /// Remembers pieces [`Tokenizer::encode_staged`] held back.
+    pub fn remember(&self, staged: StagedPieces) {
+        if let Some(fast) = &self.fast
+            && !staged.is_empty()
+        {
+            fast.remember(staged);
+        }
+    }
+
+    /// How many pieces the fast path remembers and the bytes they take (zeros without a fast path).
+    pub fn piece_memory(&self) -> (usize, usize) {
+        self.fast.as_ref().map_or((0, 0), FastEncoder::piece_memory)
     }
 
     /// Decodes `ids`; with `skip_special`, special tokens are left out.

@@ -184,8 +184,9 @@ impl Trajectory {
         self.interactions.push(interaction);
     }
 
-    /// Sets the reward of interaction `id` (the newest when `None`); answers the id it was set on.
-    pub(crate) fn set_reward(&mut self, id: Option<&str>, reward: f64) -> Result<String, String> {
+    /// Sets the reward of interaction `id` (the newest when `None`), or with `reward` `None` only finds
+    /// it; answers its id.
+    pub(crate) fn set_reward(&mut self, id: Option<&str>, reward: Option<f64>) -> Result<String, String> {
         let target = match id {
             None => self
                 .interactions
@@ -197,7 +198,9 @@ impl Trajectory {
                 .find(|i| &*i.id == id)
                 .ok_or_else(|| format!("unknown interaction_id {id:?}"))?,
         };
-        target.reward = Some(reward);
+        if reward.is_some() {
+            target.reward = reward;
+        }
         Ok(target.id.to_string())
     }
 

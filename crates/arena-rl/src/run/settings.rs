@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use arena_client::{ClientConfig, RegistryOptions, RetryPolicy};
 use reward_routing::{GroupSettings, RewardConfig};
-use rollout_proxy::{ProxyConfig, ReasoningFormat, SessionLimits, ToolCallFormat};
+use rollout_proxy::{
+    ConnectionLimits, ProxyConfig, ReasoningFormat, SessionLimits, SessionRewards, ToolCallFormat,
+};
 use secrecy::SecretString;
 use stream_config::{Env, RunConfig};
 use trainer::{
@@ -58,7 +60,8 @@ pub fn registry_options(config: &RunConfig) -> Result<RegistryOptions> {
     Ok(options)
 }
 
-/// The rollout proxy: parsers, preprocessors, session limits, export wait and default output budget.
+/// The rollout proxy: parsers, preprocessors, session and connection limits (`proxy.*`), export wait and
+/// default output budget; rewards a session sets on itself are dropped.
 pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig {
     let mut proxy = ProxyConfig::new(admin_key);
     proxy.tool_calls = match config.proxy.tool_call_parser {
@@ -71,12 +74,28 @@ pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig 
         stream_config::ReasoningParser::None => ReasoningFormat::None,
     };
     proxy.preprocessors = config.proxy.preprocessors.clone();
+    let p = &config.proxy;
     proxy.limits = SessionLimits {
-        max_sessions: config.proxy.max_sessions as usize,
-        session_timeout: config.proxy.session_timeout_seconds.duration(),
+        max_sessions: p.max_sessions as usize,
+        session_timeout: p.session_timeout_seconds.duration(),
+        max_generations_per_session: p.max_generations_per_session,
+        max_response_bytes_per_session: usize::try_from(p.max_response_bytes_per_session)
+            .unwrap_or(usize::MAX),
+        max_response_bytes: usize::try_from(p.max_response_bytes).unwrap_or(usize::MAX),
         ..SessionLimits::default()
     };
+    proxy.connection = ConnectionLimits {
+        header_read_timeout: p.header_read_timeout_seconds.duration(),
+        body_read_timeout: p.body_read_timeout_seconds.duration(),
+        idle_timeout: p.idle_timeout_seconds.duration(),
+        write_timeout: p.write_timeout_seconds.duration(),
+        max_body_bytes: usize::try_from(p.max_body_bytes).unwrap_or(usize::MAX),
+        max_connections: p.max_connections as usize,
+    };
     proxy.export_wait_timeout = config.proxy.export_wait_timeout_seconds.duration();
+    // The reward that trains, and that rollouts.jsonl reports, is Arena's; a session's key is in the
+    // hands of the agent code being graded, so what it sets for itself is answered and dropped.
+    proxy.session_rewards = SessionRewards::Ignore;
     proxy.default_max_new_tokens = Some(config.gconfig.max_new_tokens);
     proxy.sampling = sampling_defaults(config);
     proxy.harness_sampling = match config.gconfig.harness_sampling {

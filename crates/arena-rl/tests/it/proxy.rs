@@ -168,3 +168,108 @@ async fn without_an_admin_key_the_proxy_makes_one_in_a_private_file() {
     );
     assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key);
 }
+
+/// The proxy a run starts (`run::settings::proxy_config`) answers a reward a session sets on itself, as
+/// the reference does, but never exports it: only Arena's reward, through the workflow's admin calls,
+/// reaches the trajectories (and so `rollouts.jsonl`).
+#[tokio::test]
+async fn a_run_s_proxy_never_exports_a_reward_a_session_sets_itself() {
+    use std::sync::Arc;
+
+    use arena_rl::proxy_control::ProxyControl;
+    use rollout_proxy::{ChatModel, ExportStyle, FakeEngine, FakeEngineConfig, ProxyServer, ProxyState};
+    use secrecy::SecretString;
+
+    let Some(model) = std::env::var_os("ARENA_RL_SMOLLM2") else {
+        panic!(
+            "ARENA_RL_SMOLLM2 is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first"
+        );
+    };
+    let config = stream_config::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\n",
+        &[],
+        &stream_config::Env::default(),
+    )
+    .expect("a config");
+    let proxy_config = arena_rl::run::settings::proxy_config(&config, SecretString::from(ADMIN));
+    assert_eq!(
+        proxy_config.session_rewards,
+        rollout_proxy::SessionRewards::Ignore
+    );
+    assert_eq!(
+        proxy_config.connection,
+        rollout_proxy::ConnectionLimits::default()
+    );
+    // Each limit of the `proxy` section reaches the proxy's own settings.
+    let tuned = stream_config::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\nproxy:\n  header_read_timeout_seconds: 1\n  body_read_timeout_seconds: 2\n  \
+         idle_timeout_seconds: 3\n  write_timeout_seconds: 4\n  max_body_bytes: 5\n  max_connections: 6\n  \
+         max_generations_per_session: 7\n  max_response_bytes_per_session: 8\n  max_response_bytes: 9\n",
+        &[],
+        &stream_config::Env::default(),
+    )
+    .expect("a config");
+    let tuned = arena_rl::run::settings::proxy_config(&tuned, SecretString::from(ADMIN));
+    let secs = std::time::Duration::from_secs;
+    assert_eq!(
+        tuned.connection,
+        rollout_proxy::ConnectionLimits {
+            header_read_timeout: secs(1),
+            body_read_timeout: secs(2),
+            idle_timeout: secs(3),
+            write_timeout: secs(4),
+            max_body_bytes: 5,
+            max_connections: 6,
+        }
+    );
+    assert_eq!(
+        (
+            tuned.limits.max_generations_per_session,
+            tuned.limits.max_response_bytes_per_session,
+            tuned.limits.max_response_bytes
+        ),
+        (7, 8, 9)
+    );
+    let model = Arc::new(ChatModel::from_dir(model).expect("SmolLM2 loads"));
+    let engine = Arc::new(FakeEngine::new(FakeEngineConfig {
+        eos_token: model.stop_token_ids.first().copied(),
+        ..FakeEngineConfig::default()
+    }));
+    let state = ProxyState::new(proxy_config, model, engine).expect("state");
+    let server = ProxyServer::start("127.0.0.1:0".parse().expect("addr"), state)
+        .await
+        .expect("listens");
+    let addr = server.local_addr().to_string();
+    let control = ProxyControl::new(&format!("http://{addr}"), SecretString::from(ADMIN)).expect("a client");
+    control.grant().await.expect("grants");
+    let session = control.start("self-graded").await.expect("starts");
+    let key = secrecy::ExposeSecret::expose_secret(&session.api_key).to_string();
+    let chat = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#;
+    let reply = http(&addr, "POST", "/v1/chat/completions", &key, chat).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let (_, body) = reply.split_once("\r\n\r\n").expect("a body");
+    let first: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    let first = first["id"].as_str().expect("an id").to_string();
+    let reply = http(&addr, "POST", "/v1/chat/completions", &key, chat).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // On the older interaction, where the export's final reward would not overwrite it.
+    let grade = format!(r#"{{"reward": 9.0, "interaction_id": "{first}"}}"#);
+    let reply = http(&addr, "POST", "/rl/set_reward", &key, &grade).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "the call is answered: {reply}");
+    control.end(&session.session_id).await.expect("ends");
+    let export = control
+        .export(&session.session_id, ExportStyle::Individual, 1.0, Some(0.5))
+        .await
+        .expect("exports");
+    assert_eq!(export.trajectories.len(), 2);
+    assert_eq!(export.trajectories[0].interaction_id, first);
+    assert_eq!(export.trajectories[0].original_reward, 0.0, "not the session's 9");
+    assert_eq!(
+        export.trajectories[0].reward, 0.5,
+        "Arena's reward discounted back, and nothing else"
+    );
+    assert_eq!(export.trajectories[1].original_reward, 0.5);
+    server.shutdown().await.expect("stops");
+}

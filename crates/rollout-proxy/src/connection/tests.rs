@@ -10,6 +10,7 @@ fn limits() -> ConnectionLimits {
         idle_timeout: Duration::from_secs(10),
         max_body_bytes: 100,
         max_connections: 2,
+        write_timeout: Duration::from_secs(7),
     }
 }
 
@@ -57,6 +58,34 @@ async fn each_phase_has_its_own_deadline() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_stalled_write_has_the_write_deadline_in_every_phase() {
+    let limits = limits();
+    let watch = Arc::new(Watchdog::new());
+    let busy = watch.begin();
+    assert_eq!(watch.deadline(&limits), None);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let stalled = Instant::now();
+    watch.write_stalled(true);
+    assert_eq!(watch.deadline(&limits), Some(stalled + limits.write_timeout));
+    // Bytes written clear it; the next stall starts its own clock.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    watch.write_stalled(false);
+    assert_eq!(watch.deadline(&limits), None);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    watch.write_stalled(true);
+    assert_eq!(
+        watch.deadline(&limits),
+        Some(Instant::now() + limits.write_timeout)
+    );
+    // Idle with a stalled write (a response's last bytes in flight): the earlier deadline wins.
+    drop(busy);
+    assert_eq!(
+        watch.deadline(&limits),
+        Some(Instant::now() + limits.write_timeout)
+    );
+}
+
 #[test]
 fn limits_default_to_the_documented_values_and_must_be_positive() {
     let d = ConnectionLimits::default();
@@ -65,6 +94,7 @@ fn limits_default_to_the_documented_values_and_must_be_positive() {
     assert_eq!(d.idle_timeout, Duration::from_secs(120));
     assert_eq!(d.max_body_bytes, 32 * 1024 * 1024);
     assert_eq!(d.max_connections, 4096);
+    assert_eq!(d.write_timeout, Duration::from_secs(60));
     assert_eq!(d.validate(), Ok(()));
     let zero = ConnectionLimits {
         idle_timeout: Duration::ZERO,

@@ -105,3 +105,34 @@ fn template_preparation_parses_arguments_and_fills_content() {
         json!("not json")
     );
 }
+
+#[test]
+fn system_reminder_spans_are_stripped_in_one_pass() {
+    let check = |text: &str, want: Option<&str>| {
+        assert_eq!(strip_spans(text, "<r>", "</r>").as_deref(), want, "{text:?}");
+    };
+    check("plain", None);
+    check("<r>x</r>", Some(""));
+    check("a<r>x</r>b<r>y</r>c", Some("abc"));
+    check("a<r>x</r>b<r>unclosed", Some("ab"));
+    check("a</r><r>x</r></r>b", Some("a</r></r>b"));
+    check("<r><r>x</r>y</r>", Some("y</r>"));
+    // A tag that forms only once a span is gone is text, as a regex substitution leaves it.
+    check("<<r>x</r>r>z</r>", Some("<r>z</r>"));
+    check("é<r>ü</r>ß", Some("éß"));
+    // The quadratic form moved the whole remainder per span: 200,000 spans in 7.4 MB meant about 740 GB
+    // of copying.
+    let n = 200_000;
+    let hostile = "<system-reminder>x</system-reminder>a".repeat(n);
+    let mut messages = vec![json!({"role": "user", "content": hostile})];
+    preprocessor("strip-system-reminders")
+        .expect("known")
+        .apply(&mut messages);
+    assert_eq!(messages[0]["content"], json!("a".repeat(n)));
+    let unclosed = "<system-reminder>".repeat(n);
+    let mut messages = vec![json!({"role": "user", "content": format!("keep{unclosed}")})];
+    preprocessor("strip-system-reminders")
+        .expect("known")
+        .apply(&mut messages);
+    assert_eq!(messages[0]["content"], json!("keep"));
+}

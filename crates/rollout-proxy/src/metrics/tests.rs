@@ -16,6 +16,7 @@ fn the_exposition_keeps_the_series_names_and_counts() {
         live_sessions: 2,
         stored_tokens: 40,
         reserved_tokens: 7,
+        response_bytes: 4096,
     });
     for line in [
         "# TYPE rollout_proxy_requests counter",
@@ -34,6 +35,7 @@ fn the_exposition_keeps_the_series_names_and_counts() {
         "rollout_proxy_live_sessions 2",
         "rollout_proxy_stored_tokens 40",
         "rollout_proxy_reserved_tokens 7",
+        "rollout_proxy_stored_response_bytes 4096",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }

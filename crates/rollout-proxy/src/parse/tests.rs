@@ -159,3 +159,69 @@ fn stop_strings_cut_the_output_in_any_split() {
     assert_eq!(m.matched(), None);
     assert_eq!(m.finish(), "ST");
 }
+
+/// What the matcher held back before it used prefix functions: the longest suffix of `held` that is a
+/// proper prefix of a stop string, found by trying every length.
+fn held_back_by_trying(held: &str, stops: &[String]) -> usize {
+    stops
+        .iter()
+        .map(|s| {
+            (1..s.len())
+                .rev()
+                .filter(|&k| s.is_char_boundary(k))
+                .find(|&k| held.ends_with(&s[..k]))
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest::proptest! {
+    #[test]
+    fn stop_matching_holds_back_what_trying_every_length_does(
+        stops in proptest::collection::vec("[abé]{1,6}", 1..4),
+        pieces in proptest::collection::vec("[abéc]{0,5}", 0..12),
+    ) {
+        let mut m = StopMatcher::new(stops.clone());
+        let mut passed = String::new();
+        for piece in &pieces {
+            let before = format!("{}{piece}", m.held);
+            let (safe, hit) = m.push(piece);
+            passed.push_str(&safe);
+            if hit {
+                break;
+            }
+            let keep = held_back_by_trying(&before, &stops);
+            proptest::prop_assert_eq!(&m.held, &before[before.len() - keep..]);
+            proptest::prop_assert_eq!(safe.as_str(), &before[..before.len() - keep]);
+        }
+        let all: String = pieces.concat();
+        let cut = stops.iter().filter_map(|s| all.find(s.as_str())).min();
+        if let Some(at) = cut {
+            proptest::prop_assert_eq!(&passed, &all[..at]);
+        } else {
+            passed.push_str(&m.finish());
+            proptest::prop_assert_eq!(&passed, &all);
+        }
+    }
+}
+
+#[test]
+fn a_long_self_similar_stop_string_costs_linear_work() {
+    // 4 stop strings of 256 bytes that almost match everywhere: trying every length was 4 x 256^2 byte
+    // comparisons per token; the prefix functions make it 4 x 256 x 2.
+    let stops: Vec<String> = (0..4).map(|i| format!("{}{i}", "a".repeat(255))).collect();
+    let mut m = StopMatcher::new(stops);
+    let mut passed = 0;
+    for _ in 0..20_000 {
+        let (safe, hit) = m.push("a");
+        assert!(!hit);
+        passed += safe.len();
+    }
+    assert_eq!(passed + m.held.len(), 20_000);
+    assert_eq!(m.held.len(), 255);
+    let (safe, hit) = m.push("3tail");
+    assert!(hit);
+    assert_eq!(safe, "");
+    assert_eq!(m.matched().map(str::len), Some(256));
+}

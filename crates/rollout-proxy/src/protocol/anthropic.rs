@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{json_object, normalise, session_of, take, warn_ignored};
+use crate::protocol::{bounds, json_object, normalise, session_of, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -93,6 +93,7 @@ fn parse(state: &ProxyState, map: &mut Map<String, Value>) -> Result<Request, Ap
     let system: Option<Value> = take(map, "system")?;
     let model: Option<String> = take(map, "model")?;
     let tools: Option<Vec<Value>> = take(map, "tools")?;
+    bounds::tools(tools.as_deref())?;
     let tool_choice: Option<Value> = take(map, "tool_choice")?;
     let thinking: Option<Value> = take(map, "thinking")?;
     let stream = take::<bool>(map, "stream")?.unwrap_or(false);
@@ -101,8 +102,9 @@ fn parse(state: &ProxyState, map: &mut Map<String, Value>) -> Result<Request, Ap
         _ => None,
     };
     let stop: Vec<String> = take(map, "stop_sequences")?.unwrap_or_default();
-    // Accepted and deliberately without effect: they concern billing, caching or the provider's own tools.
-    let _ = take::<Value>(map, "metadata")?;
+    bounds::stop(&stop, "stop_sequences", bounds::MAX_ANTHROPIC_STOP)?;
+    // Checked as Anthropic checks it, and then without effect: it concerns the provider's abuse tracking.
+    bounds::anthropic_metadata(take::<Value>(map, "metadata")?.as_ref())?;
     let messages = normalise(state, to_core_messages(system, messages)?)?;
     let mut template_kwargs: Option<Map<String, Value>> = None;
     if let Some(enabled) = thinking_enabled(thinking.as_ref())? {

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::error::{ApiError, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{json_object, normalise, session_of, stop_strings, take, warn_ignored};
+use crate::protocol::{bounds, json_object, normalise, session_of, stop_strings, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -30,6 +30,8 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         .ok_or_else(|| ApiError::invalid("messages is required").with_param("messages"))?;
     let model: Option<String> = take(&mut map, "model")?;
     let tools: Option<Vec<Value>> = take(&mut map, "tools")?;
+    bounds::tools(tools.as_deref())?;
+    bounds::openai_metadata(map.get("metadata"))?;
     let tool_choice: Option<Value> = take(&mut map, "tool_choice")?;
     let stream = take::<bool>(&mut map, "stream")?.unwrap_or(false);
     let include_usage = take::<Value>(&mut map, "stream_options")?
@@ -49,6 +51,8 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         Some(k) if k > 0 => u32::try_from(k).ok(),
         _ => None,
     };
+    let stop = stop_strings(map.remove("stop"), "stop")?;
+    bounds::stop(&stop, "stop", bounds::MAX_OPENAI_STOP)?;
     let input = GenerationInput {
         messages: normalise(state, messages)?,
         parse_tools: tool_choice.as_ref().and_then(Value::as_str) != Some("none"),
@@ -59,7 +63,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         top_k,
         max_tokens,
         seed: take(&mut map, "seed")?,
-        stop: stop_strings(map.remove("stop"), "stop")?,
+        stop,
     };
     warn_ignored(&map, "chat/completions");
     let prepared = generation::prepare(state, &session, input, "chatcmpl-")?;

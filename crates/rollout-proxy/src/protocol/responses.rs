@@ -10,6 +10,13 @@
 //! a later request with `previous_response_id` continues the conversation it ended. The stored chain
 //! holds each response's new input and its output in the core's form, so the continued conversation
 //! extends the earlier interaction's exact tokens. Chains never cross sessions.
+//!
+//! What a session stores is bounded: at most [`MAX_STORED_RESPONSES`] responses, and at most
+//! `SessionLimits::max_response_bytes_per_session` bytes of their JSON (input, output and the response
+//! object with its echoed `metadata`, `tools`, `text` and `reasoning`), within
+//! `SessionLimits::max_response_bytes` across sessions. Past either, the session's oldest responses are
+//! forgotten first, as past the count (a later `previous_response_id` naming one is a 400
+//! `previous_response_not_found`); a response larger than the room a session has is answered but not kept.
 
 #[cfg(test)]
 mod tests;
@@ -27,7 +34,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiErrorKind, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{json_object, normalise, session_of, take, warn_ignored};
+use crate::protocol::{bounds, json_object, normalise, session_of, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -46,23 +53,47 @@ pub(crate) struct StoredResponse {
     response: Value,
 }
 
+impl StoredResponse {
+    /// The bytes of JSON it holds (what the byte budgets count).
+    fn bytes(&self) -> usize {
+        let size = |v: &Value| bounds::json_size(v, usize::MAX);
+        self.input.iter().map(size).sum::<usize>()
+            + size(&self.output)
+            + size(&self.response)
+            + self.previous.as_ref().map_or(0, |p| p.len())
+    }
+}
+
 /// A session's stored responses.
 #[derive(Debug, Default)]
 pub(crate) struct ResponseStore {
     responses: HashMap<Box<str>, StoredResponse>,
     order: VecDeque<Box<str>>,
+    bytes: usize,
 }
 
 impl ResponseStore {
-    fn insert(&mut self, id: &str, response: StoredResponse) {
-        if self.responses.insert(id.into(), response).is_none() {
-            self.order.push_back(id.into());
+    /// Keeps `response` as `id`, then forgets the oldest while more than [`MAX_STORED_RESPONSES`] are
+    /// kept or they take more than `max_bytes` (the new one too, if it alone does).
+    pub(crate) fn insert(&mut self, id: &str, response: StoredResponse, max_bytes: usize) {
+        self.bytes += response.bytes() + id.len();
+        match self.responses.insert(id.into(), response) {
+            Some(old) => self.bytes -= old.bytes() + id.len(),
+            None => self.order.push_back(id.into()),
         }
-        while self.order.len() > MAX_STORED_RESPONSES {
-            if let Some(old) = self.order.pop_front() {
-                self.responses.remove(&old);
+        while self.order.len() > MAX_STORED_RESPONSES || self.bytes > max_bytes {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = self.responses.remove(&old) {
+                self.bytes -= gone.bytes() + old.len();
             }
         }
+    }
+
+    /// The bytes the stored responses take.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The response object of `id`.
@@ -167,6 +198,7 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
     let stream = take::<bool>(&mut map, "stream")?.unwrap_or(false);
     let model: Option<String> = take(&mut map, "model")?;
     let tools: Option<Vec<Value>> = take(&mut map, "tools")?;
+    bounds::tools(tools.as_deref())?;
     let tool_choice: Option<Value> = take(&mut map, "tool_choice")?;
     let temperature: Option<f32> = take(&mut map, "temperature")?;
     let top_p: Option<f32> = take(&mut map, "top_p")?;
@@ -176,6 +208,12 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         Some(k) if k > 0 => u32::try_from(k).ok(),
         _ => None,
     };
+    let metadata = take::<Value>(&mut map, "metadata")?;
+    bounds::openai_metadata(metadata.as_ref())?;
+    let reasoning = take::<Value>(&mut map, "reasoning")?;
+    bounds::json_field(reasoning.as_ref(), "reasoning", bounds::MAX_REASONING_BYTES)?;
+    let text = take::<Value>(&mut map, "text")?;
+    bounds::json_field(text.as_ref(), "text", bounds::MAX_TEXT_BYTES)?;
     let mut echo = RequestEcho {
         model: model.unwrap_or_else(|| state.model_name().to_string()),
         instructions: instructions.clone().unwrap_or(Value::Null),
@@ -187,10 +225,9 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         top_p: Value::from(top_p.unwrap_or(1.0)),
         tool_choice: tool_choice.clone().unwrap_or_else(|| json!("auto")),
         tools: Value::Array(tools.clone().unwrap_or_default()),
-        metadata: take::<Value>(&mut map, "metadata")?.unwrap_or_else(|| json!({})),
-        reasoning: take::<Value>(&mut map, "reasoning")?
-            .unwrap_or_else(|| json!({"effort": null, "summary": null})),
-        text: take::<Value>(&mut map, "text")?.unwrap_or_else(|| json!({"format": {"type": "text"}})),
+        metadata: metadata.unwrap_or_else(|| json!({})),
+        reasoning: reasoning.unwrap_or_else(|| json!({"effort": null, "summary": null})),
+        text: text.unwrap_or_else(|| json!({"format": {"type": "text"}})),
     };
     // Accepted and without effect: they ask for provider-side caching, storage of extra fields or billing.
     for field in [
@@ -290,18 +327,15 @@ struct PendingStore {
 impl PendingStore {
     fn store(self, summary: &Summary, response: &ResponseObject<'_>) {
         let response = serde_json::to_value(response).unwrap_or_default();
-        let mut store = self.state.store();
-        if let Ok(session) = store.get_mut(&self.session) {
-            session.responses.insert(
-                &summary.id,
-                StoredResponse {
-                    previous: self.previous,
-                    input: self.input,
-                    output: summary.message(),
-                    response,
-                },
-            );
-        }
+        let stored = StoredResponse {
+            previous: self.previous,
+            input: self.input,
+            output: summary.message(),
+            response,
+        };
+        self.state
+            .store()
+            .store_response(&self.session, &summary.id, stored);
     }
 }
 

@@ -15,6 +15,8 @@ fn store(grants: bool) -> SessionStore {
             session_timeout: Duration::from_secs(60),
             max_tombstones: 2,
             retry_after_seconds: 3,
+            max_generations_per_session: 2,
+            ..SessionLimits::default()
         },
         grants,
     )
@@ -130,4 +132,30 @@ async fn tombstones_are_bounded() {
         "the oldest tombstone was dropped"
     );
     assert_eq!(kind(s.get_mut(&ids[2])), ApiErrorKind::Gone);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_has_at_most_its_limit_of_generations_in_flight() {
+    let mut s = store(false);
+    let (a, _) = s
+        .start("a", None, &admin(), json!({}), Instant::now())
+        .expect("starts");
+    let (b, _) = s
+        .start("b", None, &admin(), json!({}), Instant::now())
+        .expect("starts");
+    s.admit(&a, 1, Instant::now()).expect("first");
+    s.admit(&a, 1, Instant::now()).expect("second");
+    let refused = s.admit(&a, 1, Instant::now()).expect_err("third");
+    assert_eq!(refused.kind, ApiErrorKind::RateLimited);
+    assert!(
+        refused.message.contains("2 generations in flight"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(s.reserved_tokens(), 2, "the refusal reserves nothing");
+    s.admit(&b, 1, Instant::now())
+        .expect("another session is not limited by it");
+    s.complete(&a, 1, None, Instant::now());
+    s.admit(&a, 1, Instant::now())
+        .expect("a finished generation frees its slot");
 }

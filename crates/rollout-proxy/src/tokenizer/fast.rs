@@ -4,7 +4,10 @@
 //! Encoding does exactly what `tokenizers` does for these tokenizers, without its offset bookkeeping
 //! and per-token strings: split out added tokens (longest first), split the rest with the pre-tokenizer's
 //! pattern, map bytes to the byte-level alphabet, and run the tokenizer's own BPE model on each piece,
-//! remembering the ids of pieces already seen. The patterns end with `\s+(?!\S)|\s+`, whose look-ahead the
+//! remembering the ids of pieces already seen. The memory is bounded in bytes ([`CACHE_BYTES`], cleared
+//! when full), keeps only pieces of at most [`MAX_CACHED_PIECE`] bytes (a longer run is rare in real text
+//! and cheap to find again), and a caller may hold back a request's new pieces ([`StagedPieces`]) until
+//! it knows the request is served, so that prompts refused for overflow leave nothing behind. The patterns end with `\s+(?!\S)|\s+`, whose look-ahead the
 //! `regex` crate lacks; it matches `\s+` and gives back the last whitespace character when the run is
 //! followed by text, which is what the look-ahead does. Decoding maps each id to its bytes.
 //!
@@ -22,8 +25,57 @@ use tokenizers::Model;
 /// The GPT-2 pattern of the `ByteLevel` pre-tokenizer with `use_regex`.
 const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
-/// Pieces remembered before the memory is cleared.
-const CACHE_LIMIT: usize = 1 << 16;
+/// The bytes the piece memory may hold (pieces, their ids and a per-entry overhead) before it is cleared.
+pub(crate) const CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// The longest piece remembered, in bytes.
+pub(crate) const MAX_CACHED_PIECE: usize = 256;
+/// What one remembered piece costs beyond its bytes and ids: two boxed slices and the table's slot.
+const ENTRY_OVERHEAD: usize = 48;
+
+fn entry_bytes(piece: &str, ids: &[u32]) -> usize {
+    piece.len() + 4 * ids.len() + ENTRY_OVERHEAD
+}
+
+/// The piece memory: pieces to their ids, and the bytes that takes.
+#[derive(Default)]
+struct PieceCache {
+    map: HashMap<Box<str>, Box<[u32]>>,
+    bytes: usize,
+}
+
+impl PieceCache {
+    fn insert(&mut self, piece: Box<str>, ids: Box<[u32]>) {
+        let cost = entry_bytes(&piece, &ids);
+        if self.bytes + cost > CACHE_BYTES {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        let len = piece.len();
+        if let Some(old) = self.map.insert(piece, ids) {
+            self.bytes -= len + 4 * old.len() + ENTRY_OVERHEAD;
+        }
+        self.bytes += cost;
+    }
+}
+
+/// Pieces a request encoded that the memory did not hold, kept apart until the caller decides whether to
+/// remember them ([`crate::tokenizer::Tokenizer::remember`]).
+#[derive(Debug, Default)]
+pub struct StagedPieces {
+    pieces: HashMap<Box<str>, Box<[u32]>>,
+}
+
+impl StagedPieces {
+    /// How many pieces are held back.
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Whether none are.
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+}
 
 /// The byte-level alphabet: each byte's stand-in character.
 fn byte_chars() -> [char; 256] {
@@ -60,7 +112,7 @@ pub(crate) struct FastEncoder {
     /// The normaliser is NFC: only ASCII text takes the fast path (NFC leaves it unchanged).
     ascii_only: bool,
     chars: [char; 256],
-    cache: Mutex<HashMap<Box<str>, Box<[u32]>>>,
+    cache: Mutex<PieceCache>,
 }
 
 impl std::fmt::Debug for FastEncoder {
@@ -153,13 +205,19 @@ impl FastEncoder {
             tail_group,
             ascii_only,
             chars: byte_chars(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(PieceCache::default()),
         })
     }
 
     /// Encodes `text` as `tokenizers` would (no special tokens added); `None` when this text must take the
     /// general path.
-    pub(crate) fn encode(&self, model: &impl Model, text: &str) -> Option<Vec<u32>> {
+    /// general path. New pieces go to `staged` when given, into the memory otherwise.
+    pub(crate) fn encode(
+        &self,
+        model: &impl Model,
+        text: &str,
+        mut staged: Option<&mut StagedPieces>,
+    ) -> Option<Vec<u32>> {
         if self.ascii_only && !text.is_ascii() {
             return None;
         }
@@ -167,26 +225,46 @@ impl FastEncoder {
         let mut at = 0;
         if let Some(added) = &self.added {
             for m in added.find_iter(text) {
-                self.encode_segment(model, &text[at..m.start()], &mut ids)?;
+                self.encode_segment(model, &text[at..m.start()], &mut ids, staged.as_deref_mut())?;
                 ids.push(*self.added_ids.get(m.as_str())?);
                 at = m.end();
             }
         }
-        self.encode_segment(model, &text[at..], &mut ids)?;
+        self.encode_segment(model, &text[at..], &mut ids, staged)?;
         Some(ids)
     }
 
-    fn encode_segment(&self, model: &impl Model, text: &str, ids: &mut Vec<u32>) -> Option<()> {
+    /// Remembers what `staged` holds.
+    pub(crate) fn remember(&self, staged: StagedPieces) {
+        let mut cache = self.lock();
+        for (piece, ids) in staged.pieces {
+            cache.insert(piece, ids);
+        }
+    }
+
+    /// How many pieces, and how many bytes, the memory holds.
+    pub(crate) fn piece_memory(&self) -> (usize, usize) {
+        let cache = self.lock();
+        (cache.map.len(), cache.bytes)
+    }
+
+    fn encode_segment(
+        &self,
+        model: &impl Model,
+        text: &str,
+        ids: &mut Vec<u32>,
+        mut staged: Option<&mut StagedPieces>,
+    ) -> Option<()> {
         let mut at = 0;
         while at < text.len() {
             let Some(m) = self.split.find_at(text, at) else {
-                return self.encode_piece(model, &text[at..], ids);
+                return self.encode_piece(model, &text[at..], ids, staged);
             };
             if m.is_empty() {
                 return None;
             }
             if m.start() > at {
-                self.encode_piece(model, &text[at..m.start()], ids)?;
+                self.encode_piece(model, &text[at..m.start()], ids, staged.as_deref_mut())?;
             }
             let mut end = m.end();
             // `\s+(?!\S)` comes before the final `\s+`: a run of two or more followed by text leaves its last
@@ -198,30 +276,46 @@ impl FastEncoder {
                     end -= run.chars().next_back()?.len_utf8();
                 }
             }
-            self.encode_piece(model, &text[m.start()..end], ids)?;
+            self.encode_piece(model, &text[m.start()..end], ids, staged.as_deref_mut())?;
             at = end;
         }
         Some(())
     }
 
-    fn encode_piece(&self, model: &impl Model, piece: &str, ids: &mut Vec<u32>) -> Option<()> {
-        if let Some(known) = self.lock().get(piece) {
-            ids.extend_from_slice(known);
-            return Some(());
+    fn encode_piece(
+        &self,
+        model: &impl Model,
+        piece: &str,
+        ids: &mut Vec<u32>,
+        staged: Option<&mut StagedPieces>,
+    ) -> Option<()> {
+        let cacheable = piece.len() <= MAX_CACHED_PIECE;
+        if cacheable {
+            if let Some(known) = self.lock().map.get(piece) {
+                ids.extend_from_slice(known);
+                return Some(());
+            }
+            if let Some(known) = staged.as_ref().and_then(|s| s.pieces.get(piece)) {
+                ids.extend_from_slice(known);
+                return Some(());
+            }
         }
         let mapped: String = piece.bytes().map(|b| self.chars[b as usize]).collect();
         let tokens = model.tokenize(&mapped).ok()?;
         let piece_ids: Box<[u32]> = tokens.iter().map(|t| t.id).collect();
         ids.extend_from_slice(&piece_ids);
-        let mut cache = self.lock();
-        if cache.len() >= CACHE_LIMIT {
-            cache.clear();
+        if cacheable {
+            match staged {
+                Some(staged) => {
+                    staged.pieces.insert(piece.into(), piece_ids);
+                }
+                None => self.lock().insert(piece.into(), piece_ids),
+            }
         }
-        cache.insert(piece.into(), piece_ids);
         Some(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Box<[u32]>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PieceCache> {
         self.cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

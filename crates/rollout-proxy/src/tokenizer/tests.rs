@@ -240,3 +240,53 @@ fn unsupported_configurations_keep_the_general_path() {
         tokenizer.encode_reference("Hi").expect("encodes")
     );
 }
+
+#[test]
+fn the_piece_memory_is_bounded_in_bytes_skips_long_pieces_and_keeps_staged_pieces_apart() {
+    let tokenizer = smollm2();
+    assert!(tokenizer.has_fast_encoder());
+    // A piece longer than the limit is encoded right and never remembered.
+    let long = "x".repeat(fast::MAX_CACHED_PIECE + 1);
+    assert_eq!(
+        tokenizer.encode(&long).expect("encodes"),
+        tokenizer.encode_reference(&long).expect("encodes")
+    );
+    assert_eq!(tokenizer.piece_memory(), (0, 0));
+    let edge = "y".repeat(fast::MAX_CACHED_PIECE);
+    tokenizer.encode(&edge).expect("encodes");
+    assert_eq!(
+        tokenizer.piece_memory().0,
+        1,
+        "a piece at the limit is remembered"
+    );
+
+    // Staged pieces are used within the request but remembered only when asked.
+    let text = "alpha beta beta gamma";
+    let mut staged = StagedPieces::default();
+    let ids = tokenizer.encode_staged(text, &mut staged).expect("encodes");
+    assert_eq!(ids, tokenizer.encode_reference(text).expect("encodes"));
+    assert_eq!(staged.len(), 3, "'alpha', ' beta' once and ' gamma': {staged:?}");
+    assert_eq!(tokenizer.piece_memory().0, 1, "nothing staged is remembered yet");
+    tokenizer.remember(staged);
+    assert_eq!(tokenizer.piece_memory().0, 4);
+
+    // Many distinct pieces: the memory's bytes never pass the bound, and ids stay right.
+    let mut peak = 0;
+    for i in 0..60_000u32 {
+        // One letter run per word, so each is one piece of about 200 bytes.
+        let letters: String = (0..4)
+            .map(|k| char::from(b'a' + ((i / 26u32.pow(k)) % 26) as u8))
+            .collect();
+        let word = format!(" {letters}{}", "q".repeat(200));
+        let ids = tokenizer.encode(&word).expect("encodes");
+        if i % 7_500 == 0 {
+            assert_eq!(ids, tokenizer.encode_reference(&word).expect("encodes"));
+        }
+        peak = peak.max(tokenizer.piece_memory().1);
+    }
+    assert!(peak <= fast::CACHE_BYTES, "{peak}");
+    assert!(
+        peak > fast::CACHE_BYTES / 2,
+        "the bound is what limits it: {peak}"
+    );
+}

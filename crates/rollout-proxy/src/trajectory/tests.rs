@@ -54,9 +54,9 @@ fn parents_are_found_by_the_longest_covered_prefix() {
 #[test]
 fn concat_exports_leaves_with_every_sampled_token_trained() {
     let mut t = tree();
-    t.set_reward(None, 1.0).expect("newest");
-    t.set_reward(Some("a-retry"), 0.5).expect("by id");
-    assert!(t.set_reward(Some("zzz"), 1.0).is_err());
+    t.set_reward(None, Some(1.0)).expect("newest");
+    t.set_reward(Some("a-retry"), Some(0.5)).expect("by id");
+    assert!(t.set_reward(Some("zzz"), Some(1.0)).is_err());
     let options = ExportOptions {
         style: ExportStyle::Concat,
         discount: 0.5,

@@ -110,6 +110,22 @@ impl Proxy {
         }
     }
 
+    /// A proxy served on `listener`, bound by the caller with its own socket options.
+    pub(crate) fn start_on(
+        listener: tokio::net::TcpListener,
+        config: ProxyConfig,
+        engine: FakeEngineConfig,
+    ) -> Self {
+        let engine = Arc::new(FakeEngine::new(engine));
+        let state = ProxyState::new(config, model(), engine.clone()).expect("state");
+        let server = ProxyServer::start_on(listener, state.clone()).expect("serves");
+        Self {
+            server,
+            state,
+            engine,
+        }
+    }
+
     pub(crate) async fn default() -> Self {
         Self::start(config(), engine_config()).await
     }

@@ -1,16 +1,19 @@
 //! Hostile connections against the proxy and `serve-policy`'s `/generate` server, over raw loopback TCP:
 //! heads that never finish, idle keep-alives, trickled and oversized bodies, huge bodies without a key,
-//! and more connections than the limit; each time the server still answers `/health` afterwards.
+//! more connections than the limit, a stream the client stops reading, and more generations in flight
+//! than a session may have; each time the server still answers `/health` afterwards.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use rollout_proxy::{ConnectionLimits, FakeEngine, ProxyServer, generate_router};
-use serde_json::Value;
+use rollout_proxy::{
+    ConnectionLimits, FakeEngine, FakeEngineConfig, ProxyServer, SessionRewards, generate_router,
+};
+use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
 
 use crate::common::{ADMIN, Proxy, call, config, engine_config};
@@ -23,6 +26,7 @@ fn limits() -> ConnectionLimits {
         idle_timeout: Duration::from_millis(600),
         max_body_bytes: 4096,
         max_connections: 64,
+        write_timeout: Duration::from_millis(500),
     }
 }
 
@@ -424,4 +428,308 @@ async fn serve_policy_s_generate_server_holds_the_same_limits() {
     assert_eq!(r.status, 413, "{}", r.body);
     assert_alive(addr).await;
     server.shutdown().await.expect("shuts down");
+}
+
+/// A gauge or counter's value from the proxy's `/metrics`.
+async fn metric(proxy: &Proxy, name: &str) -> f64 {
+    let r = call(Method::GET, &proxy.url("/metrics"), &[], None).await;
+    r.text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics:\n{}", r.text))
+}
+
+/// Polls `metric` until `done` holds of it, or panics at `within`.
+async fn wait_for(proxy: &Proxy, name: &str, within: Duration, done: impl Fn(f64) -> bool) -> f64 {
+    let until = Instant::now() + within;
+    loop {
+        let value = metric(proxy, name).await;
+        if done(value) {
+            return value;
+        }
+        assert!(Instant::now() < until, "{name} stayed at {value} for {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends a streamed chat request on a socket whose receive buffer is small, and never reads it.
+async fn stalled_stream(addr: SocketAddr, key: &str) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut stream = socket.connect(addr).await.expect("connects");
+    let body = json!({"messages": [{"role": "user", "content": "Talk."}], "stream": true}).to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("sends");
+    stream
+}
+
+#[tokio::test]
+async fn a_stream_the_client_stops_reading_is_dropped_at_the_write_timeout() {
+    let write_timeout = Duration::from_millis(400);
+    let mut c = config();
+    c.connection = ConnectionLimits {
+        write_timeout,
+        ..limits()
+    };
+    // A token a millisecond for 100,000 tokens: it would run for minutes if it were not dropped.
+    let engine = FakeEngineConfig {
+        token_latency: Duration::from_millis(1),
+        output_len: 100_000,
+        max_context_len: 200_000,
+        ..engine_config()
+    };
+    // Small socket buffers on both ends (accepted connections inherit the listener's), so that a few
+    // hundred frames fill them whatever the kernel's autotuning would grow them to.
+    let listener = TcpSocket::new_v4().expect("a socket");
+    listener.set_send_buffer_size(4096).expect("a small send buffer");
+    listener
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("binds");
+    let proxy = Proxy::start_on(listener.listen(64).expect("listens"), c, engine);
+    let addr = proxy.server.local_addr();
+    let (session, key) = proxy.session("stall").await;
+    let started = Instant::now();
+    let mut stream = stalled_stream(addr, &key).await;
+    let reserved = wait_for(&proxy, "rollout_proxy_reserved_tokens", SLACK, |v| v > 0.0).await;
+    assert!(reserved > 100_000.0, "the stream reserves its output: {reserved}");
+    wait_for(
+        &proxy,
+        "rollout_proxy_reserved_tokens",
+        write_timeout + 4 * SLACK,
+        |v| v == 0.0,
+    )
+    .await;
+    let released = started.elapsed();
+    assert!(released >= write_timeout, "released after {released:?}");
+    assert_eq!(
+        metric(&proxy, "rollout_proxy_aborted_generations_total").await,
+        1.0
+    );
+    // The server closed the connection: what the kernel buffered reads out, then the end.
+    let mut drained = Vec::new();
+    timeout(SLACK, stream.read_to_end(&mut drained))
+        .await
+        .expect("the connection ends")
+        .ok();
+    assert!(drained.starts_with(b"HTTP/1.1 200"));
+    // The session is free again (the sweep would now see no generation running) and nothing was recorded.
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
+    let export = proxy.export(&session, "individual").await;
+    assert_eq!(
+        export.trajectories.len(),
+        1,
+        "only the answered request is recorded"
+    );
+    assert_alive(addr).await;
+}
+
+#[tokio::test]
+async fn a_session_over_its_generation_limit_gets_429_in_its_protocol() {
+    let mut c = config();
+    c.limits.max_generations_per_session = 2;
+    // Slow tokens keep the first two generations running while the third is refused.
+    let engine = FakeEngineConfig {
+        token_latency: Duration::from_millis(5),
+        output_len: 100_000,
+        max_context_len: 200_000,
+        ..engine_config()
+    };
+    let proxy = Proxy::start(c, engine).await;
+    let addr = proxy.server.local_addr();
+    let (_, key) = proxy.session("limit").await;
+    let (_, other) = proxy.session("limit-other").await;
+    let _first = stalled_stream(addr, &key).await;
+    let _second = stalled_stream(addr, &key).await;
+    // Each stream reserves the rest of the 200,000-token window.
+    wait_for(&proxy, "rollout_proxy_reserved_tokens", SLACK, |v| v > 300_000.0).await;
+    let r = proxy
+        .messages(
+            &key,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert!(r.headers.contains_key("retry-after"));
+    let body = r.json();
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("2 generations in flight")),
+        "{body}"
+    );
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    let r = proxy
+        .chat(
+            &other,
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "another session is served: {}", r.text);
+    assert_alive(addr).await;
+}
+
+#[tokio::test]
+async fn a_prompt_refused_for_overflow_leaves_nothing_in_the_tokenizer_s_memory() {
+    let proxy = Proxy::default().await;
+    let (_, key) = proxy.session("overflow").await;
+    let memory = || proxy.state.model().tokenizer.piece_memory();
+    // Distinct words, so that every piece is new: far more tokens than the 4,096-token window.
+    let words: Vec<String> = (0..6000).map(|i| format!("w{i}x")).collect();
+    let before = memory();
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": words.join(" ")}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded", "{}", r.text);
+    assert_eq!(memory(), before, "the refused prompt's pieces are not remembered");
+    let r = proxy
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": words[..50].join(" ")}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(
+        memory().0 >= before.0 + 50,
+        "a served prompt's pieces are: {:?}",
+        memory()
+    );
+}
+
+#[tokio::test]
+async fn stored_responses_stay_within_the_session_s_byte_budget() {
+    let mut c = config();
+    c.limits.max_response_bytes_per_session = 64 * 1024;
+    let proxy = Proxy::start(c, engine_config()).await;
+    let (session, key) = proxy.session("stored-bytes").await;
+    // Each answer echoes 8 KB of metadata and 16 KB of tools: a session key could fill memory with them.
+    let metadata: serde_json::Map<String, Value> = (0..16)
+        .map(|i| (format!("k{i}"), json!("m".repeat(500))))
+        .collect();
+    let tools: Vec<Value> = (0..16)
+        .map(|i| json!({"type": "function", "name": format!("t{i}"), "description": "d".repeat(1000)}))
+        .collect();
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        let r = proxy
+            .responses(
+                &key,
+                json!({"input": "Hi", "max_output_tokens": 4, "metadata": metadata, "tools": tools}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        ids.push(r.json()["id"].as_str().expect("an id").to_string());
+        let held = metric(&proxy, "rollout_proxy_stored_response_bytes").await;
+        assert!(held <= 64.0 * 1024.0, "{held}");
+    }
+    let auth = format!("Bearer {key}");
+    for (id, status) in [(&ids[0], StatusCode::NOT_FOUND), (&ids[11], StatusCode::OK)] {
+        let url = proxy.url(&format!("/v1/responses/{id}"));
+        let r = call(Method::GET, &url, &[("authorization", &auth)], None).await;
+        assert_eq!(r.status, status, "the oldest went first: {}", r.text);
+    }
+    let r = proxy
+        .responses(
+            &key,
+            json!({"input": "Again", "max_output_tokens": 4, "previous_response_id": ids[0]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.json()["error"]["code"], "previous_response_not_found");
+    let r = proxy
+        .responses(
+            &key,
+            json!({"input": "Again", "max_output_tokens": 4, "previous_response_id": ids[11]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "the newest chain continues: {}", r.text);
+    // The export frees them.
+    assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
+    proxy.export(&session, "individual").await;
+    assert_eq!(metric(&proxy, "rollout_proxy_stored_response_bytes").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_reward_a_session_sets_itself_is_answered_but_not_exported_under_ignore() {
+    for (mode, kept) in [(SessionRewards::Honour, 5.0), (SessionRewards::Ignore, 0.0)] {
+        let mut c = config();
+        c.session_rewards = mode;
+        let proxy = Proxy::start(c, engine_config()).await;
+        let (session, key) = proxy.session("self-graded").await;
+        let ask = |text: &str| json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4});
+        let first = proxy.chat(&key, ask("One")).await.json()["id"]
+            .as_str()
+            .expect("an id")
+            .to_string();
+        assert_eq!(proxy.chat(&key, ask("Two")).await.status, StatusCode::OK);
+        let auth = format!("Bearer {key}");
+        let url = proxy.url("/rl/set_reward");
+        let r = call(
+            Method::POST,
+            &url,
+            &[("authorization", &auth)],
+            Some(json!({"reward": 5.0, "interaction_id": first})),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{mode:?}: {}", r.text);
+        assert_eq!(
+            r.json()["interaction_id"],
+            first.as_str(),
+            "answered as the reference answers"
+        );
+        let r = call(
+            Method::POST,
+            &url,
+            &[("authorization", &auth)],
+            Some(json!({"reward": 5.0, "interaction_id": "nope"})),
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_REQUEST,
+            "{mode:?}: an unknown id is still refused"
+        );
+        assert_eq!(proxy.end(&key).await.status, StatusCode::OK);
+        let r = proxy
+            .admin(
+                "/export_trajectories",
+                json!({"session_id": session, "style": "individual", "final_reward": 1.0, "discount": 1.0}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        let export: rollout_proxy::ExportedSession = serde_json::from_str(&r.text).expect("an export");
+        let oldest = &export.trajectories[0];
+        assert_eq!(oldest.interaction_id, first);
+        assert_eq!(oldest.original_reward, kept, "{mode:?}");
+        assert_eq!(
+            oldest.reward,
+            kept + 1.0,
+            "{mode:?}: the final reward discounted back"
+        );
+        assert_eq!(export.trajectories[1].original_reward, 1.0, "{mode:?}");
+    }
 }

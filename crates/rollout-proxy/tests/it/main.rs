@@ -3,6 +3,7 @@
 //! Prometheus' OpenMetrics parser (`ARENA_RL_PY_READERS`).
 
 mod anthropic_sdk;
+mod bounds;
 mod chat;
 mod common;
 mod control;

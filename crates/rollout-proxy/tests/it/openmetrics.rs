@@ -173,6 +173,7 @@ async fn prometheus_clients_openmetrics_parser_reads_the_exposition() {
         "sessions_expired",
         "sessions_exported",
         "sessions_started",
+        "stored_response_bytes",
         "stored_tokens",
     ]
     .map(|n| format!("rollout_proxy_{n}"));

@@ -87,6 +87,25 @@ pub struct ProxySection {
     pub reasoning_parser: ReasoningParser,
     /// Message preprocessors, by name, applied in order.
     pub preprocessors: Vec<String>,
+    /// Seconds a request's head may take from its first byte before the connection is closed.
+    pub header_read_timeout_seconds: Seconds,
+    /// Seconds a request's body may take from the end of its head; past it the answer is 408.
+    pub body_read_timeout_seconds: Seconds,
+    /// Seconds a keep-alive connection may sit idle between requests.
+    pub idle_timeout_seconds: Seconds,
+    /// Seconds a write may wait on a client that does not read before the connection is closed (a stalled
+    /// stream's generation is then dropped and its token reservation released).
+    pub write_timeout_seconds: Seconds,
+    /// The largest request body, in bytes; 413 beyond.
+    pub max_body_bytes: u64,
+    /// Most connections served at once; one more is answered 503.
+    pub max_connections: u32,
+    /// Most generations one session may have in flight; one more is answered 429.
+    pub max_generations_per_session: u32,
+    /// Most bytes of JSON one session's stored Responses answers may take; past it the oldest are forgotten.
+    pub max_response_bytes_per_session: u64,
+    /// Most bytes of JSON stored Responses answers may take across sessions.
+    pub max_response_bytes: u64,
 }
 
 impl Default for ProxySection {
@@ -104,6 +123,15 @@ impl Default for ProxySection {
             tool_call_parser: ToolCallParser::Hermes,
             reasoning_parser: ReasoningParser::Think,
             preprocessors: Vec::new(),
+            header_read_timeout_seconds: Seconds::of(30.0),
+            body_read_timeout_seconds: Seconds::of(60.0),
+            idle_timeout_seconds: Seconds::of(120.0),
+            write_timeout_seconds: Seconds::of(60.0),
+            max_body_bytes: 32 * 1024 * 1024,
+            max_connections: 4096,
+            max_generations_per_session: 16,
+            max_response_bytes_per_session: 64 * 1024 * 1024,
+            max_response_bytes: 2 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -260,6 +288,31 @@ impl ProxySection {
         let d = self.turn_discount;
         if !(d.is_finite() && (0.0..=1.0).contains(&d)) {
             c.push(path.key("turn_discount"), format!("must be in [0, 1], got {d}"));
+        }
+        for (key, seconds) in [
+            ("header_read_timeout_seconds", self.header_read_timeout_seconds),
+            ("body_read_timeout_seconds", self.body_read_timeout_seconds),
+            ("idle_timeout_seconds", self.idle_timeout_seconds),
+            ("write_timeout_seconds", self.write_timeout_seconds),
+        ] {
+            seconds.check(c, path.key(key));
+        }
+        for (key, value) in [
+            ("max_body_bytes", self.max_body_bytes),
+            ("max_connections", u64::from(self.max_connections)),
+            (
+                "max_generations_per_session",
+                u64::from(self.max_generations_per_session),
+            ),
+            (
+                "max_response_bytes_per_session",
+                self.max_response_bytes_per_session,
+            ),
+            ("max_response_bytes", self.max_response_bytes),
+        ] {
+            if value == 0 {
+                c.push(path.key(key), "must be >= 1, got 0");
+            }
         }
     }
 }

@@ -112,6 +112,46 @@ fn loop_sections_have_the_reference_defaults() {
 }
 
 #[test]
+fn the_proxy_s_limits_default_to_its_own_and_must_be_positive() {
+    let p = RunConfig::default().proxy;
+    assert_eq!(p.header_read_timeout_seconds.get(), 30.0);
+    assert_eq!(p.body_read_timeout_seconds.get(), 60.0);
+    assert_eq!(p.idle_timeout_seconds.get(), 120.0);
+    assert_eq!(p.write_timeout_seconds.get(), 60.0);
+    assert_eq!(p.max_body_bytes, 32 * 1024 * 1024);
+    assert_eq!(p.max_connections, 4096);
+    assert_eq!(p.max_generations_per_session, 16);
+    assert_eq!(p.max_response_bytes_per_session, 64 * 1024 * 1024);
+    assert_eq!(p.max_response_bytes, 2 * 1024 * 1024 * 1024);
+    let problems = loop_problems(&[
+        "proxy.max_body_bytes=0",
+        "proxy.max_connections=0",
+        "proxy.max_generations_per_session=0",
+        "proxy.max_response_bytes_per_session=0",
+        "proxy.max_response_bytes=0",
+        "proxy.write_timeout_seconds=0",
+    ]);
+    let text = problems.join("\n");
+    for key in [
+        "max_body_bytes",
+        "max_connections",
+        "max_generations_per_session",
+        "max_response_bytes_per_session",
+        "max_response_bytes",
+    ] {
+        assert!(
+            text.contains(&format!("proxy.{key}: must be >= 1, got 0")),
+            "{key} in:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("proxy.write_timeout_seconds: must be a positive number of seconds"),
+        "{text}"
+    );
+    assert_eq!(problems.len(), 6, "{text}");
+}
+
+#[test]
 fn loop_sections_report_every_problem_at_once() {
     let problems = loop_problems(&[
         "proxy.turn_discount=1.5",
@@ -281,6 +321,10 @@ fn every_duration_setting_is_one_error_naming_it_when_out_of_range() {
             "econfig.timeout",
             "proxy.session_timeout_seconds",
             "proxy.export_wait_timeout_seconds",
+            "proxy.header_read_timeout_seconds",
+            "proxy.body_read_timeout_seconds",
+            "proxy.idle_timeout_seconds",
+            "proxy.write_timeout_seconds",
         ]
     );
     for path in &paths {
