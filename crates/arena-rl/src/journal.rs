@@ -176,6 +176,11 @@ pub struct JournalState {
     /// Launches journaled with neither a task id nor a finished rollout after them: sent, or about to be,
     /// when the process was killed. Arena may have started a task for each.
     pub launches_in_flight: BTreeSet<SampleKey>,
+    /// Per task Arena answered a launch with: the sample and that launch's `Idempotency-Key` (so that a
+    /// resumed run can relaunch the sample of an open task under the key that started it).
+    pub task_launches: BTreeMap<String, (SampleKey, Option<String>)>,
+    /// Per sample, the key of its last journaled launch (replay's own bookkeeping).
+    last_launch_key: BTreeMap<SampleKey, Option<String>>,
     /// Dynamic sampling's extra draws by `(step, group)`: the row's stream and data id.
     pub draws: BTreeMap<(u64, u32), (String, String)>,
     /// The last training step journaled.
@@ -196,8 +201,9 @@ impl JournalState {
             Entry::Begin { nonce } => {
                 self.nonce.get_or_insert(nonce);
             }
-            Entry::Launch { key, .. } => {
+            Entry::Launch { key, idempotency_key } => {
                 self.launches_in_flight.insert(key);
+                self.last_launch_key.insert(key, idempotency_key);
             }
             Entry::Draw {
                 step,
@@ -210,6 +216,8 @@ impl JournalState {
             Entry::Task { key, task_id } => {
                 self.launches_in_flight.remove(&key);
                 *self.answered_launches.entry(key).or_default() += 1;
+                let launch_key = self.last_launch_key.get(&key).cloned().flatten();
+                self.task_launches.insert(task_id.clone(), (key, launch_key));
                 self.open_tasks.insert(task_id);
             }
             Entry::TaskDone { task_id } => {
@@ -217,6 +225,11 @@ impl JournalState {
             }
             Entry::Rollout(record) => {
                 self.launches_in_flight.remove(&record.key);
+                // A launch answered with a finished task (a deduping Arena handing back a task that ended)
+                // journals no `task_done`: the rollout that collected the task closes it.
+                if let Some(task_id) = &record.task_id {
+                    self.open_tasks.remove(task_id);
+                }
                 self.rollouts.entry(record.key).or_insert(*record);
             }
             Entry::Step { step, .. } => {

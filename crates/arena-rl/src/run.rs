@@ -9,6 +9,7 @@
 
 mod checkpoint;
 mod collect;
+pub mod leftovers;
 mod pipeline;
 mod rollout_only;
 mod serving;
