@@ -89,13 +89,13 @@ fn plain_line(r: &RolloutRecord) -> Vec<u8> {
 fn compact_run(dir: &std::path::Path, n: u32, t: &ExportedTrajectory) -> u64 {
     let path = dir.join(format!("compact-{}.jsonl", Instant::now().elapsed().as_nanos()));
     let (journal, _) = Journal::open(&path).expect("opens");
-    let before = journal.position().expect("size");
+    let before = journal.position().expect("size").1;
     for i in 0..n {
         journal
             .append(&Entry::Rollout(Box::new(record(i, t))))
             .expect("appends");
     }
-    let size = journal.position().expect("size") - before;
+    let size = journal.position().expect("size").1 - before;
     drop(journal);
     std::fs::remove_file(&path).expect("removes");
     size

@@ -1,8 +1,8 @@
 //! Setting a run up: paths, the journal and a killed run's leftovers, the Arena client, the healthy streams
 //! and this worker's rows, the proxy with its engine, and the route setup of the mode.
 //!
-//! The journal is opened (and a killed run's routes and tasks cleaned) before anything can fail later, and
-//! nothing journaled is ever deleted.
+//! The journal is opened (and a killed run's routes and tasks settled, `leftovers.rs`) before anything can
+//! fail later.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -71,6 +71,8 @@ fn child_config(base: &str, root: &Path, model: &Path, mode: &str, arena: &str) 
                 "rollout.max_oversample_factor=3",
                 "checkpoint.save_every=1",
                 "checkpoint.keep_last=1",
+                // Retired journal segments are kept aside, so the test can read the whole history.
+                "rollout.journal_keep_retired=true",
             ],
         ]
         .concat(),
@@ -314,12 +316,42 @@ async fn finish_run(base: &str, root: &Path, run: Child<'static>) {
     );
 }
 
-/// The journal's entries, in order.
+/// The journal's segment files in `dir`, oldest first.
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "jsonl"));
+    // `journal-w0.jsonl` is segment 0, then `journal-w0.000001.jsonl` and up: the names sort in order
+    // once segment 0's is read as `journal-w0.000000.jsonl`.
+    files.sort_by_key(|p| {
+        p.to_string_lossy()
+            .replace("journal-w0.jsonl", "journal-w0.000000.jsonl")
+    });
+    files
+}
+
+/// The journal's entries as they were written, in order: the retired segments, then the live ones, without
+/// the copies a new segment carries over from older ones.
 fn journal_entries(run_dir: &Path) -> Vec<Entry> {
-    let journal = std::fs::read_to_string(run_dir.join("journal/journal-w0.jsonl")).unwrap();
-    journal
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+    let dir = run_dir.join("journal");
+    let retired = segment_files(&dir.join("retired"));
+    let live = segment_files(&dir);
+    assert!(!retired.is_empty(), "checkpoints retired journal segments");
+    assert!(
+        live.len() <= 2,
+        "only the segments a kept checkpoint needs stay: {live:?}"
+    );
+    retired
+        .iter()
+        .chain(&live)
+        .flat_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Entry>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .filter(|e| !matches!(e, Entry::Carried { .. }))
         .collect()
 }
 

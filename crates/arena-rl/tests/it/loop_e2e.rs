@@ -151,8 +151,23 @@ async fn the_loop_trains_on_the_sim_and_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(&dir, ckpt);
     assert_eq!((meta.steps, meta.version, meta.data_cursor), (3, 3, 3));
-    let journal = summary.run_dir.join("journal/journal-w0.jsonl");
-    assert!(meta.journal_bytes > 0 && meta.journal_bytes <= std::fs::metadata(journal).unwrap().len());
+    // The checkpoint started journal segment 1, which carries what resuming needs, and retired segment 0.
+    assert_eq!(meta.journal_segment, 1);
+    let journal_files: Vec<String> = std::fs::read_dir(summary.run_dir.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(journal_files, ["journal-w0.000001.jsonl"], "segment 0 is retired");
+    let journal = summary.run_dir.join("journal/journal-w0.000001.jsonl");
+    assert!(meta.journal_bytes > 0 && meta.journal_bytes <= std::fs::metadata(&journal).unwrap().len());
+    let (_, replayed) =
+        arena_rl::journal::Journal::open(&journal.with_file_name("journal-w0.jsonl")).unwrap();
+    assert!(
+        replayed.rollouts.keys().all(|k| k.step >= 2) && replayed.rollouts.keys().any(|k| k.step == 2),
+        "segment 1 carries the rollouts of step 2 on: {:?}",
+        replayed.rollouts.keys().collect::<Vec<_>>()
+    );
+    assert!(replayed.open_routes.is_empty() && replayed.open_tasks.is_empty());
     // Audit shards as reward-routing writes them.
     let audit = summary.run_dir.join("arena_results");
     let shards: Vec<_> = std::fs::read_dir(&audit).unwrap().flatten().collect();
