@@ -480,6 +480,9 @@ impl Journal {
     /// Appends `entries` as lines in one write and one fsync: they are durable together or, after a kill,
     /// a prefix of them is (replay cuts a torn last line).
     pub fn append_all(&self, entries: &[Entry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let mut lines = Vec::new();
         for entry in entries {
             serde_json::to_writer(&mut lines, entry)

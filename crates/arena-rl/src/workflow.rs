@@ -240,9 +240,12 @@ impl Workflow {
             return Ok(Vec::new());
         };
         let report = registry.close().await;
-        for name in &report.deleted {
-            self.journal.append(&Entry::RouteDeleted { name: name.clone() })?;
-        }
+        let deleted: Vec<Entry> = report
+            .deleted
+            .iter()
+            .map(|name| Entry::RouteDeleted { name: name.clone() })
+            .collect();
+        self.journal.append_all(&deleted)?;
         Ok(report.failed)
     }
 

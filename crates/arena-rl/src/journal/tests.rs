@@ -256,3 +256,32 @@ fn a_sealed_segment_with_a_torn_line_is_corrupt() {
         "{err}"
     );
 }
+
+#[test]
+fn entries_appended_together_share_one_write_and_a_kill_keeps_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.jsonl");
+    let (journal, _) = Journal::open(&path).unwrap();
+    let start = journal.position().unwrap().1;
+    journal.append_all(&[draw(0, 2), draw(0, 3), draw(0, 4)]).unwrap();
+    journal.append_all(&[]).unwrap();
+    let end = journal.position().unwrap().1;
+    drop(journal);
+    // A kill inside that one write leaves its first lines and a torn one.
+    let text = std::fs::read(&path).unwrap();
+    let third = text[..end as usize - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    assert!(third as u64 > start);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(third as u64 + 5)
+        .unwrap();
+    let (_, state) = Journal::open(&path).unwrap();
+    assert_eq!(state.torn_lines, 1);
+    assert_eq!(state.draws.keys().collect::<Vec<_>>(), [&(0, 2), &(0, 3)]);
+}

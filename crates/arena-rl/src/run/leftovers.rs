@@ -89,11 +89,14 @@ pub(super) async fn clean_leftovers(
                 paths.run_dir.display()
             )
         })?;
-    for task_id in &plan.abandon {
-        journal.append(&Entry::TaskDone {
+    let abandoned: Vec<Entry> = plan
+        .abandon
+        .iter()
+        .map(|task_id| Entry::TaskDone {
             task_id: task_id.clone(),
-        })?;
-    }
+        })
+        .collect();
+    journal.append_all(&abandoned)?;
     if cleaned != (0, 0) {
         tracing::info!(
             routes = cleaned.0,
