@@ -11,6 +11,8 @@
 //! - `rollout` once a rollout is finished, routed and exported: its decision and trajectories. Training
 //!   consumes rollouts only from here, so a finished rollout is never lost and never run again.
 //! - `step` after a training step (informational; the checkpoint decides where a resumed run starts).
+//! - `answered` and `carried` only in a segment's head (below): a sample's answered-launch count, and a copy
+//!   of a rollout or draw from an older segment.
 //!
 //! The journal's directory is created 0700 and the file 0600, neither ever opened through a symlink, and the
 //! directory is fsynced once the file exists (`reward_routing::open_private_file`, as the audit shards).
@@ -517,7 +519,7 @@ impl Journal {
         let sealed = segments::list(&self.dir, &self.base).map_err(journal_error(&self.dir, "list"))?;
         for n in sealed.iter().filter(|n| **n <= writer.segment) {
             let path = self.dir.join(segments::name(&self.base, *n));
-            let file = File::open(&path).map_err(journal_error(&path, "read"))?;
+            let file = open_segment(&self.dir, &self.base, *n)?;
             segments::carry_lines(&file, from_step, &mut seen, &mut head)
                 .map_err(journal_error(&path, "read"))?;
         }
