@@ -167,6 +167,20 @@ async fn kill_9_inside_the_launch_post_in_gateway_mode_leaves_no_task_behind() {
     .await;
 }
 
+/// The same in `direct` mode (harnesses call the proxy with their session key), against an Arena that
+/// dedupes and cancels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_inside_the_launch_post_in_direct_mode_leaves_no_task_behind() {
+    kill_inside_launches(
+        Child {
+            mode: "direct",
+            arena: "arena_idempotent_launch,arena_cancel_tasks",
+        },
+        0xd1ec,
+    )
+    .await;
+}
+
 async fn kill_inside_launches(run: Child<'static>, kill_seed: u64) {
     // arena-sim can do what the run is told it can, and no more.
     let mut world = sim_world();
