@@ -300,12 +300,12 @@ impl Trainer {
         if every == 0 || (!(k + 1).is_multiple_of(every) && k + 1 != self.total) {
             return Ok(());
         }
-        // A new journal segment carries what a run resumed from this checkpoint needs (the rollouts of step
-        // k on, since an evaluation after step k is journaled under k); the older ones are retired once the
+        // A new journal segment carries what a run resumed from this checkpoint needs (the rollouts and draws
+        // of step k + 1 on: step k and its evaluation are done); the older ones are retired once the
         // checkpoint is saved and no kept checkpoint names them.
         let journal = self.run.workflow.journal.clone();
         let (journal_segment, journal_bytes) =
-            tokio::task::spawn_blocking(move || journal.rotate(k).and_then(|_| journal.position()))
+            tokio::task::spawn_blocking(move || journal.rotate(k + 1).and_then(|_| journal.position()))
                 .await
                 .context("rotating the journal")??;
         let meta = CheckpointMeta {
