@@ -1,6 +1,8 @@
 //! The rollout journal at agent scale: bytes per token on disk and append throughput with its per-entry
 //! fsync, for the compact trajectory form the journal writes against the plain JSON arrays it wrote before
-//! (`{"type": "rollout", ...}` with every per-token array spelled out), measured in the same run.
+//! (`{"type": "rollout", ...}` with every per-token array spelled out), measured in the same run; and small
+//! entries (dynamic sampling's draws) appended with one fsync each against rounds of 8 in one write and one
+//! fsync, as the loop writes a draw round.
 //!
 //! The trajectory is agent-shaped: 32k tokens, half prompt, then turns of 128 sampled tokens and 128 tokens of
 //! tool output. Goal: at most 8 bytes per token. After criterion's report the bench prints both sizes and
@@ -89,13 +91,13 @@ fn plain_line(r: &RolloutRecord) -> Vec<u8> {
 fn compact_run(dir: &std::path::Path, n: u32, t: &ExportedTrajectory) -> u64 {
     let path = dir.join(format!("compact-{}.jsonl", Instant::now().elapsed().as_nanos()));
     let (journal, _) = Journal::open(&path).expect("opens");
-    let before = journal.position().expect("size");
+    let before = journal.position().expect("size").1;
     for i in 0..n {
         journal
             .append(&Entry::Rollout(Box::new(record(i, t))))
             .expect("appends");
     }
-    let size = journal.position().expect("size") - before;
+    let size = journal.position().expect("size").1 - before;
     drop(journal);
     std::fs::remove_file(&path).expect("removes");
     size
@@ -118,6 +120,26 @@ fn plain_run(dir: &std::path::Path, n: u32, t: &ExportedTrajectory) -> u64 {
     size
 }
 
+/// Appends `n` small entries (dynamic sampling's draws) to a fresh journal: one write and fsync each, or in
+/// rounds of `batch` with one write and fsync per round (`Journal::append_all`, as a draw round is written).
+fn draws_run(dir: &std::path::Path, n: u32, batch: usize) {
+    let path = dir.join(format!("draws-{}.jsonl", Instant::now().elapsed().as_nanos()));
+    let (journal, _) = Journal::open(&path).expect("opens");
+    let draws: Vec<Entry> = (0..n)
+        .map(|i| Entry::Draw {
+            step: u64::from(i) / 8,
+            group: i % 8,
+            stream: "bench".into(),
+            data_id: format!("row-{i}"),
+        })
+        .collect();
+    for round in draws.chunks(batch) {
+        journal.append_all(round).expect("appends");
+    }
+    drop(journal);
+    std::fs::remove_file(&path).expect("removes");
+}
+
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let t = trajectory();
@@ -129,6 +151,11 @@ fn bench(c: &mut Criterion) {
     g.bench_function("plain_json", |b| {
         b.iter(|| black_box(plain_run(dir.path(), 4, &t)))
     });
+    g.finish();
+    let mut g = c.benchmark_group("journal_append_64_draws");
+    g.sample_size(10);
+    g.bench_function("rounds_of_8_batched", |b| b.iter(|| draws_run(dir.path(), 64, 8)));
+    g.bench_function("one_fsync_each", |b| b.iter(|| draws_run(dir.path(), 64, 1)));
     g.finish();
 }
 
@@ -172,6 +199,16 @@ fn ratio_report() {
         tokens / ours.as_secs_f64(),
         tokens / peer.as_secs_f64(),
         peer.as_secs_f64() / ours.as_secs_f64()
+    );
+    let draws = 64;
+    let batched = median(|| draws_run(dir.path(), draws, 8), 5);
+    let single = median(|| draws_run(dir.path(), draws, 1), 5);
+    println!(
+        "journal, {draws} draw entries: in rounds of 8 with one fsync each round {:.0} entries/s, one fsync \
+         per entry {:.0} entries/s (ratio {:.1}x)",
+        f64::from(draws) / batched.as_secs_f64(),
+        f64::from(draws) / single.as_secs_f64(),
+        single.as_secs_f64() / batched.as_secs_f64()
     );
 }
 

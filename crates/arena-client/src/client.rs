@@ -42,6 +42,8 @@ pub(crate) struct Inner {
     retry: RetryPolicy,
     pub(crate) poll_interval: Duration,
     llm_base_url: String,
+    /// `ClientConfig::cancel_tasks`.
+    pub(crate) cancel_tasks: bool,
     /// Set once an Arena without the cancel endpoint was seen, so the warning is logged once.
     pub(crate) cancel_unsupported: AtomicBool,
 }
@@ -163,6 +165,7 @@ impl ArenaClient {
                 retry: config.retry,
                 poll_interval: config.poll_interval,
                 llm_base_url,
+                cancel_tasks: config.cancel_tasks,
                 cancel_unsupported: AtomicBool::new(false),
             }),
         })

@@ -53,6 +53,10 @@ pub struct ClientConfig {
     pub use_env_proxy: bool,
     /// The LLM gateway URL handed to harnesses; `None` means `{base_url}/api`.
     pub llm_base_url: Option<String>,
+    /// Whether to send `POST /openapi/v1/tasks/{task_id}/cancel` for a task we stop waiting for (default
+    /// true: a 404 or 405 then says this Arena has none, logged once). Arena's published schema has no such
+    /// endpoint; with `false` no cancel is ever sent and each abandoned task is logged as left running.
+    pub cancel_tasks: bool,
 }
 
 impl fmt::Debug for ClientConfig {
@@ -66,6 +70,7 @@ impl fmt::Debug for ClientConfig {
             .field("poll_interval", &self.poll_interval)
             .field("use_env_proxy", &self.use_env_proxy)
             .field("llm_base_url", &self.llm_base_url)
+            .field("cancel_tasks", &self.cancel_tasks)
             .finish()
     }
 }
@@ -83,6 +88,7 @@ impl ClientConfig {
             poll_interval: Duration::from_secs(5),
             use_env_proxy: true,
             llm_base_url: None,
+            cancel_tasks: true,
         })
     }
 

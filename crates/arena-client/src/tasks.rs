@@ -563,8 +563,22 @@ impl ArenaClient {
         }
     }
 
-    /// Cancels and logs instead of failing; an Arena without the endpoint is reported once per client.
+    /// Cancels and logs instead of failing; an Arena without the endpoint is reported once per client. With
+    /// `ClientConfig::cancel_tasks` off nothing is sent: the first abandoned task is named in a warning (the
+    /// rest at debug level) and the outcome is [`CancelOutcome::Unsupported`].
     pub async fn cancel_task_best_effort(&self, task_id: &str) -> Option<CancelOutcome> {
+        if !self.inner.cancel_tasks {
+            if self.inner.cancel_unsupported.swap(true, Ordering::Relaxed) {
+                tracing::debug!(%task_id, "abandoned Arena task left running (no cancel endpoint)");
+            } else {
+                tracing::warn!(
+                    %task_id,
+                    "this Arena has no task cancel endpoint (by configuration): abandoned tasks, this one \
+                     first, keep running until Arena ends them"
+                );
+            }
+            return Some(CancelOutcome::Unsupported);
+        }
         match self.cancel_task(task_id).await {
             Ok(CancelOutcome::Unsupported) => {
                 if !self.inner.cancel_unsupported.swap(true, Ordering::Relaxed) {

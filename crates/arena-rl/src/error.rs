@@ -63,14 +63,17 @@ pub enum Error {
     },
     /// The journal is shorter than when the checkpoint being resumed was written.
     #[error(
-        "the journal {} holds {now} bytes, fewer than the {saved} it held when checkpoint {} was saved: \
-         it was truncated or replaced, and the rollouts that checkpoint trained on are gone",
+        "the journal {} holds {now} bytes in segment {segment}, fewer than the {saved} it held when \
+         checkpoint {} was saved: it was truncated, replaced or retired, and the rollouts that checkpoint \
+         resumes with are gone",
         path.display(),
         checkpoint.display()
     )]
     JournalTruncated {
         /// The journal.
         path: PathBuf,
+        /// The segment the checkpoint names.
+        segment: u32,
         /// Its size now.
         now: u64,
         /// Its size when the checkpoint was written.

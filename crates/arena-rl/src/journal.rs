@@ -11,12 +11,21 @@
 //! - `rollout` once a rollout is finished, routed and exported: its decision and trajectories. Training
 //!   consumes rollouts only from here, so a finished rollout is never lost and never run again.
 //! - `step` after a training step (informational; the checkpoint decides where a resumed run starts).
+//! - `answered` and `carried` only in a segment's head (below): a sample's answered-launch count, and a copy
+//!   of a rollout or draw from an older segment.
 //!
 //! The journal's directory is created 0700 and the file 0600, neither ever opened through a symlink, and the
 //! directory is fsynced once the file exists (`reward_routing::open_private_file`, as the audit shards).
 //!
-//! On open, the journal is read back: a torn last line (a kill in the middle of a write) is cut off, and
-//! [`JournalState`] says which routes and tasks a killed process left behind and which rollouts are done.
+//! The journal is written in segments ([`segments`]): at each checkpoint the loop starts a new one
+//! ([`Journal::rotate`]) whose head carries what a run resumed from that checkpoint needs of the older ones
+//! (the nonce, open routes and tasks, launches in flight and their counts as `answered` entries, and every
+//! rollout and draw of the checkpoint's steps on as `carried` copies), then retires the segments no kept
+//! checkpoint needs ([`Journal::retire_before`]). What audits need lives in the audit shards, never here.
+//!
+//! On open, every segment is read back in order: a torn last line of the newest (a kill in the middle of a
+//! write) is cut off, and [`JournalState`] says which routes and tasks a killed process left behind and
+//! which rollouts are done. A journal written before segments is segment 0 and resumes as it is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -30,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub mod compact;
+mod segments;
 
 /// Identifies one rollout of a run: training step (or evaluation round), group and sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -149,6 +159,18 @@ pub enum Entry {
     },
     /// A finished rollout.
     Rollout(Box<RolloutRecord>),
+    /// How many launches of a sample Arena had answered, carried into a new segment.
+    Answered {
+        /// The rollout.
+        key: SampleKey,
+        /// Its answered launches.
+        launches: u32,
+    },
+    /// A rollout or draw copied into a new segment from an older one (which may then be retired).
+    Carried {
+        /// The copied entry.
+        entry: Box<Entry>,
+    },
     /// A training step finished.
     Step {
         /// The step (0-based).
@@ -176,29 +198,25 @@ pub struct JournalState {
     /// Launches journaled with neither a task id nor a finished rollout after them: sent, or about to be,
     /// when the process was killed. Arena may have started a task for each.
     pub launches_in_flight: BTreeSet<SampleKey>,
+    /// Per task Arena answered a launch with: the sample and that launch's `Idempotency-Key` (so that a
+    /// resumed run can relaunch the sample of an open task under the key that started it).
+    pub task_launches: BTreeMap<String, (SampleKey, Option<String>)>,
+    /// Per sample, the key of its last journaled launch (replay's own bookkeeping).
+    last_launch_key: BTreeMap<SampleKey, Option<String>>,
     /// Dynamic sampling's extra draws by `(step, group)`: the row's stream and data id.
     pub draws: BTreeMap<(u64, u32), (String, String)>,
     /// The last training step journaled.
     pub last_step: Option<u64>,
+    /// The policy version after the last step journaled.
+    last_version: u64,
     /// Lines cut off as torn.
     pub torn_lines: usize,
 }
 
 impl JournalState {
     fn apply(&mut self, entry: Entry) {
+        self.track(&entry);
         match entry {
-            Entry::Route { name } => {
-                self.open_routes.insert(name);
-            }
-            Entry::RouteDeleted { name } => {
-                self.open_routes.remove(&name);
-            }
-            Entry::Begin { nonce } => {
-                self.nonce.get_or_insert(nonce);
-            }
-            Entry::Launch { key, .. } => {
-                self.launches_in_flight.insert(key);
-            }
             Entry::Draw {
                 step,
                 group,
@@ -207,30 +225,138 @@ impl JournalState {
             } => {
                 self.draws.entry((step, group)).or_insert((stream, data_id));
             }
+            Entry::Rollout(record) => {
+                self.rollouts.entry(record.key).or_insert(*record);
+            }
+            Entry::Carried { entry } => self.apply(*entry),
+            _ => {}
+        }
+    }
+
+    /// Everything an entry changes but the rollouts and draws themselves: what a live journal keeps in
+    /// memory to write the head of its next segment.
+    fn track(&mut self, entry: &Entry) {
+        match entry {
+            Entry::Route { name } => {
+                self.open_routes.insert(name.clone());
+            }
+            Entry::RouteDeleted { name } => {
+                self.open_routes.remove(name);
+            }
+            Entry::Begin { nonce } => {
+                self.nonce.get_or_insert_with(|| nonce.clone());
+            }
+            Entry::Launch { key, idempotency_key } => {
+                self.launches_in_flight.insert(*key);
+                self.last_launch_key.insert(*key, idempotency_key.clone());
+            }
             Entry::Task { key, task_id } => {
-                self.launches_in_flight.remove(&key);
-                *self.answered_launches.entry(key).or_default() += 1;
-                self.open_tasks.insert(task_id);
+                self.launches_in_flight.remove(key);
+                *self.answered_launches.entry(*key).or_default() += 1;
+                let launch_key = self.last_launch_key.remove(key).flatten();
+                self.task_launches.insert(task_id.clone(), (*key, launch_key));
+                self.open_tasks.insert(task_id.clone());
             }
             Entry::TaskDone { task_id } => {
-                self.open_tasks.remove(&task_id);
+                self.open_tasks.remove(task_id);
+                self.task_launches.remove(task_id);
+            }
+            Entry::Answered { key, launches } => {
+                let n = self.answered_launches.entry(*key).or_default();
+                *n = (*n).max(*launches);
             }
             Entry::Rollout(record) => {
                 self.launches_in_flight.remove(&record.key);
-                self.rollouts.entry(record.key).or_insert(*record);
+                self.last_launch_key.remove(&record.key);
+                // A launch answered with a finished task (a deduping Arena handing back a task that ended)
+                // journals no `task_done`: the rollout that collected the task closes it.
+                if let Some(task_id) = &record.task_id {
+                    self.open_tasks.remove(task_id);
+                    self.task_launches.remove(task_id);
+                }
             }
-            Entry::Step { step, .. } => {
-                self.last_step = Some(self.last_step.map_or(step, |s| s.max(step)));
+            Entry::Step { step, version } => {
+                if self.last_step.is_none_or(|s| *step >= s) {
+                    self.last_step = Some(*step);
+                    self.last_version = *version;
+                }
             }
+            Entry::Carried { entry } => self.track(entry),
+            Entry::Draw { .. } => {}
+        }
+    }
+
+    /// The entries that open a new segment with what replay needs of the older ones, rollouts and draws
+    /// aside: the nonce, open routes, open tasks with the launches that started them, launches in flight,
+    /// the answered-launch counts of samples of `from_step` on, and the last step.
+    fn head_entries(&self, from_step: u64) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = self
+            .nonce
+            .iter()
+            .map(|n| Entry::Begin { nonce: n.clone() })
+            .collect();
+        entries.extend(
+            self.open_routes
+                .iter()
+                .map(|name| Entry::Route { name: name.clone() }),
+        );
+        for task_id in &self.open_tasks {
+            if let Some((key, idempotency_key)) = self.task_launches.get(task_id) {
+                entries.push(Entry::Launch {
+                    key: *key,
+                    idempotency_key: idempotency_key.clone(),
+                });
+                entries.push(Entry::Task {
+                    key: *key,
+                    task_id: task_id.clone(),
+                });
+            }
+        }
+        for key in &self.launches_in_flight {
+            entries.push(Entry::Launch {
+                key: *key,
+                idempotency_key: self.last_launch_key.get(key).cloned().flatten(),
+            });
+        }
+        for (key, launches) in &self.answered_launches {
+            if key.step >= from_step {
+                entries.push(Entry::Answered {
+                    key: *key,
+                    launches: *launches,
+                });
+            }
+        }
+        entries.extend(self.last_step.map(|step| Entry::Step {
+            step,
+            version: self.last_version,
+        }));
+        entries
+    }
+
+    /// A copy without the rollouts and draws, as a live journal tracks it.
+    fn tracked(&self) -> Self {
+        Self {
+            rollouts: BTreeMap::new(),
+            draws: BTreeMap::new(),
+            ..self.clone()
         }
     }
 }
 
-/// The journal file of one rollout worker. Cloning shares it.
+/// The live segment of a journal and what it tracks.
+struct Writer {
+    file: File,
+    segment: u32,
+    live: JournalState,
+}
+
+/// The journal files of one rollout worker, in segments. Cloning shares it.
 #[derive(Clone)]
 pub struct Journal {
-    inner: Arc<Mutex<File>>,
+    inner: Arc<Mutex<Writer>>,
     path: PathBuf,
+    dir: PathBuf,
+    base: String,
 }
 
 impl std::fmt::Debug for Journal {
@@ -239,36 +365,73 @@ impl std::fmt::Debug for Journal {
     }
 }
 
+fn journal_error(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Journal { path, action, source }
+}
+
+/// Opens segment `n` privately (0700 directory, 0600 file, never through a symlink).
+fn open_segment(dir: &Path, base: &str, n: u32) -> Result<File> {
+    let name = segments::name(base, n);
+    reward_routing::open_private_file(dir, &name)
+        .map(|(file, _)| file)
+        .map_err(|message| {
+            journal_error(&dir.join(&name), "open")(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                message,
+            ))
+        })
+}
+
 impl Journal {
-    /// Opens (or creates) the journal at `path`, replays it, and cuts off a torn last line.
+    /// Opens (or creates) the journal at `path` with all its segments, replays them in order, and cuts off a
+    /// torn last line of the newest (a sealed segment with one is corrupt).
     pub fn open(path: &Path) -> Result<(Self, JournalState)> {
-        let fail = |action: &'static str, at: &Path| {
-            let path = at.to_path_buf();
-            move |source| Error::Journal { path, action, source }
-        };
-        // Private and never through a symlink, as the audit shards: the directory 0700, the file 0600, the
-        // directory fsynced after the file is created.
-        let absolute = std::path::absolute(path).map_err(fail("resolve the path of", path))?;
-        let (Some(dir), Some(name)) = (absolute.parent(), absolute.file_name().and_then(|n| n.to_str()))
+        let absolute = std::path::absolute(path).map_err(journal_error(path, "resolve the path of"))?;
+        let (Some(dir), Some(base)) = (absolute.parent(), absolute.file_name().and_then(|n| n.to_str()))
         else {
             return Err(Error::Invalid(format!(
                 "the journal path {} names no file in a directory",
                 path.display()
             )));
         };
-        let (mut file, _) = reward_routing::open_private_file(dir, name).map_err(|message| {
-            fail("open", path)(std::io::Error::new(std::io::ErrorKind::PermissionDenied, message))
-        })?;
-        let (mut state, good_len) = replay(&file, path)?;
-        let len = file.seek(SeekFrom::End(0)).map_err(fail("read", path))?;
-        if len != good_len {
-            file.set_len(good_len)
-                .and_then(|()| file.sync_data())
-                .map_err(fail("cut the torn end of", path))?;
+        let mut numbers = segments::list(dir, base).map_err(journal_error(dir, "list the segments of"))?;
+        if numbers.is_empty() {
+            numbers.push(0);
         }
+        let mut state = JournalState::default();
+        let mut live = None;
+        for (i, n) in numbers.iter().enumerate() {
+            let mut file = open_segment(dir, base, *n)?;
+            let shown = dir.join(segments::name(base, *n));
+            let good_len = replay(&file, &shown, &mut state)?;
+            let len = file
+                .seek(SeekFrom::End(0))
+                .map_err(journal_error(&shown, "read"))?;
+            if len != good_len && i + 1 < numbers.len() {
+                return Err(Error::JournalCorrupt {
+                    path: shown,
+                    at: good_len,
+                    message: "a sealed segment ends in a torn line".into(),
+                });
+            }
+            if len != good_len {
+                file.set_len(good_len)
+                    .and_then(|()| file.sync_data())
+                    .map_err(journal_error(&shown, "cut the torn end of"))?;
+            }
+            live = Some((file, *n));
+        }
+        let (file, segment) = live.expect("at least one segment");
         let journal = Self {
-            inner: Arc::new(Mutex::new(file)),
+            inner: Arc::new(Mutex::new(Writer {
+                file,
+                segment,
+                live: state.tracked(),
+            })),
             path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            base: base.to_string(),
         };
         if state.nonce.is_none() {
             let nonce = rollout_proxy::auth::random_hex(16);
@@ -278,12 +441,12 @@ impl Journal {
         Ok((journal, state))
     }
 
-    /// The journal's path.
+    /// The journal's path (its first segment's).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn file(&self) -> std::sync::MutexGuard<'_, File> {
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
         // The file handle has no state a panicking writer could leave half-changed: a torn line is what a
         // kill leaves too, and replay cuts it.
         self.inner
@@ -291,39 +454,103 @@ impl Journal {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Bytes written so far: where the next entry begins.
-    pub fn position(&self) -> Result<u64> {
-        let file = self.file();
-        let meta = file.metadata().map_err(|source| Error::Journal {
-            path: self.path.clone(),
-            action: "read",
-            source,
-        })?;
-        Ok(meta.len())
+    /// The live segment's number and the bytes written to it so far (where the next entry begins).
+    pub fn position(&self) -> Result<(u32, u64)> {
+        let writer = self.writer();
+        let meta = writer
+            .file
+            .metadata()
+            .map_err(journal_error(&self.path, "read"))?;
+        Ok((writer.segment, meta.len()))
+    }
+
+    /// The length of segment `n` now, or `None` when it is gone.
+    pub fn segment_len(&self, n: u32) -> Result<Option<u64>> {
+        let path = self.dir.join(segments::name(&self.base, n));
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) => Ok(Some(meta.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(journal_error(&path, "read")(e)),
+        }
     }
 
     /// Appends `entry` as one line and fsyncs it before returning.
     pub fn append(&self, entry: &Entry) -> Result<()> {
-        let mut line = serde_json::to_vec(entry).map_err(|e| Error::Journal {
-            path: self.path.clone(),
-            action: "serialise an entry for",
-            source: e.into(),
-        })?;
-        line.push(b'\n');
-        let mut file = self.file();
-        file.write_all(&line)
+        self.append_all(std::slice::from_ref(entry))
+    }
+
+    /// Appends `entries` as lines in one write and one fsync: they are durable together or, after a kill,
+    /// a prefix of them is (replay cuts a torn last line).
+    pub fn append_all(&self, entries: &[Entry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut lines = Vec::new();
+        for entry in entries {
+            serde_json::to_writer(&mut lines, entry)
+                .map_err(|e| journal_error(&self.path, "serialise an entry for")(e.into()))?;
+            lines.push(b'\n');
+        }
+        let mut writer = self.writer();
+        writer
+            .file
+            .write_all(&lines)
+            .and_then(|()| writer.file.sync_data())
+            .map_err(journal_error(&self.path, "append to"))?;
+        for entry in entries {
+            writer.live.track(entry);
+        }
+        Ok(())
+    }
+
+    /// Starts a new segment whose head holds what a run resumed from a checkpoint of `from_step` (or later)
+    /// needs of the older ones: the tracked state and, carried over, every rollout and draw of `from_step`
+    /// on. Written and synced before any later entry, so the older segments can be retired once a checkpoint
+    /// that names the new segment is saved. Returns the new segment's number.
+    pub fn rotate(&self, from_step: u64) -> Result<u32> {
+        let mut writer = self.writer();
+        let mut head = Vec::new();
+        for entry in writer.live.head_entries(from_step) {
+            serde_json::to_writer(&mut head, &entry)
+                .map_err(|e| journal_error(&self.path, "serialise an entry for")(e.into()))?;
+            head.push(b'\n');
+        }
+        let mut seen = BTreeSet::new();
+        let sealed = segments::list(&self.dir, &self.base).map_err(journal_error(&self.dir, "list"))?;
+        for n in sealed.iter().filter(|n| **n <= writer.segment) {
+            let path = self.dir.join(segments::name(&self.base, *n));
+            let file = open_segment(&self.dir, &self.base, *n)?;
+            segments::carry_lines(&file, from_step, &mut seen, &mut head)
+                .map_err(journal_error(&path, "read"))?;
+        }
+        let next = writer.segment + 1;
+        let mut file = open_segment(&self.dir, &self.base, next)?;
+        let shown = self.dir.join(segments::name(&self.base, next));
+        file.write_all(&head)
             .and_then(|()| file.sync_data())
-            .map_err(|source| Error::Journal {
-                path: self.path.clone(),
-                action: "append to",
-                source,
-            })
+            .map_err(journal_error(&shown, "write the head of"))?;
+        writer.file = file;
+        writer.segment = next;
+        Ok(next)
+    }
+
+    /// Retires every segment older than `keep_from` (deleted, or moved into `retired/` beside them when
+    /// `keep`): no kept checkpoint needs them, since the segment each names carries what it resumes from.
+    pub fn retire_before(&self, keep_from: u32, keep: bool) -> Result<usize> {
+        let writer = self.writer();
+        let numbers: Vec<u32> = segments::list(&self.dir, &self.base)
+            .map_err(journal_error(&self.dir, "list"))?
+            .into_iter()
+            .filter(|n| *n < keep_from.min(writer.segment))
+            .collect();
+        segments::retire(&self.dir, &self.base, &numbers, keep)
+            .map_err(journal_error(&self.dir, "retire segments of"))?;
+        Ok(numbers.len())
     }
 }
 
-/// Reads every complete line of the journal; returns the state and the length of its good prefix.
-fn replay(file: &File, path: &Path) -> Result<(JournalState, u64)> {
-    let mut state = JournalState::default();
+/// Replays every complete line of one segment into `state`; returns the length of its good prefix.
+fn replay(file: &File, path: &Path, state: &mut JournalState) -> Result<u64> {
     let mut good_len = 0u64;
     let mut reader = BufReader::new(file);
     let mut line = Vec::new();
@@ -331,11 +558,7 @@ fn replay(file: &File, path: &Path) -> Result<(JournalState, u64)> {
         line.clear();
         let n = reader
             .read_until(b'\n', &mut line)
-            .map_err(|source| Error::Journal {
-                path: path.to_path_buf(),
-                action: "read",
-                source,
-            })?;
+            .map_err(journal_error(path, "read"))?;
         if n == 0 {
             break;
         }
@@ -357,7 +580,7 @@ fn replay(file: &File, path: &Path) -> Result<(JournalState, u64)> {
             }
         }
     }
-    Ok((state, good_len))
+    Ok(good_len)
 }
 
 #[cfg(test)]

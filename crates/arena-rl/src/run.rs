@@ -5,10 +5,12 @@
 //!
 //! Setup failures are one line each ([`crate::Error`]): a bad config, an unreachable Arena, every stream
 //! unhealthy, the proxy port taken, a checkpoint from another model. The journal is opened (and a killed
-//! run's routes and tasks cleaned) before anything can fail later, and nothing journaled is ever deleted.
+//! run's routes and tasks cleaned) before anything can fail later; journal segments are retired only once no
+//! kept checkpoint needs them.
 
 mod checkpoint;
 mod collect;
+pub mod leftovers;
 mod pipeline;
 mod rollout_only;
 mod serving;

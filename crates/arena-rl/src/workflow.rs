@@ -68,6 +68,9 @@ pub struct Workflow {
     /// Per sample, the launches an earlier process had answered (`JournalState::answered_launches`): the
     /// sample's next launch key carries that count, so it never names a task the run cancelled.
     pub answered_launches: BTreeMap<SampleKey, u32>,
+    /// Samples whose task an earlier process started and this Arena can hand back but not cancel: each is
+    /// relaunched under the key that started that task (`run::leftovers`).
+    pub resume_keys: BTreeMap<SampleKey, String>,
     /// `proxy.export_style` (`concat` or `individual`).
     pub export_style: rollout_proxy::ExportStyle,
     /// `proxy.turn_discount`.
@@ -108,9 +111,13 @@ impl Workflow {
         self.streams.iter().find(|s| s.config.name == name)
     }
 
-    /// The `Idempotency-Key` of sample `key`'s launch in this process: the run id and the sample, plus
-    /// `-r<n>` once `n` earlier launches of it were answered.
+    /// The `Idempotency-Key` of sample `key`'s launch in this process: the key that started a task left to
+    /// collect ([`Workflow::resume_keys`]), else the run id and the sample, plus `-r<n>` once `n` earlier
+    /// launches of it were answered.
     pub fn launch_key(&self, key: SampleKey) -> String {
+        if let Some(resumed) = self.resume_keys.get(&key) {
+            return resumed.clone();
+        }
         match self.answered_launches.get(&key) {
             Some(n) if *n > 0 => format!("{}-{key}-r{n}", self.run_id),
             _ => format!("{}-{key}", self.run_id),
@@ -233,9 +240,12 @@ impl Workflow {
             return Ok(Vec::new());
         };
         let report = registry.close().await;
-        for name in &report.deleted {
-            self.journal.append(&Entry::RouteDeleted { name: name.clone() })?;
-        }
+        let deleted: Vec<Entry> = report
+            .deleted
+            .iter()
+            .map(|name| Entry::RouteDeleted { name: name.clone() })
+            .collect();
+        self.journal.append_all(&deleted)?;
         Ok(report.failed)
     }
 
@@ -264,7 +274,7 @@ impl Workflow {
             journal.append(&Entry::TaskDone {
                 task_id: task_id.clone(),
             })?;
-            if outcome.is_some() {
+            if outcome == Some(arena_client::CancelOutcome::Cancelled) {
                 cancelled += 1;
             }
         }

@@ -188,6 +188,27 @@ pub(crate) fn record(
     (fault, in_flight)
 }
 
+/// Holds a handled answer while a `hold_ms` fault says so, counted in `Counters::held_answers` until the
+/// hold ends or the client goes away (the handler is then dropped).
+pub(crate) async fn hold(arena: &Arc<Arena>, admitted: &Admitted) {
+    let Some(FaultKind::HoldMs(ms)) = admitted.fault else {
+        return;
+    };
+    struct Held<'a>(&'a Arc<Arena>);
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            let mut state = lock(&self.0.state);
+            state.counters.held_answers = state.counters.held_answers.saturating_sub(1);
+            drop(state);
+            self.0.bump();
+        }
+    }
+    lock(&arena.state).counters.held_answers += 1;
+    arena.bump();
+    let _held = Held(arena);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
 /// Applies the faults due after handling to a handled answer: a lost response or a maintenance page.
 pub(crate) fn finish(admitted: &Admitted, response: Response) -> Response {
     match admitted.fault {

@@ -136,6 +136,9 @@ pub enum FaultKind {
     NonJson,
     /// Wait this many milliseconds, then handle the request normally (past a client timeout, the reply is lost).
     DelayMs(u64),
+    /// Launches only: handle the request (the task starts), then hold its answer this many milliseconds, as
+    /// an Arena slow to answer a launch it has acted on; `Counters::held_answers` counts the answers held.
+    HoldMs(u64),
     /// Handle the request, then drop the connection without a complete response (a lost response); on the
     /// LLM gateway the request is forwarded and the upstream's answer is lost.
     Drop,

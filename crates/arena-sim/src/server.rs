@@ -243,6 +243,15 @@ impl ArenaSim {
             .map(TaskState::current_status)
     }
 
+    /// Every task launched so far with the status a poll would report now, by task id.
+    pub fn tasks(&self) -> std::collections::BTreeMap<String, String> {
+        lock(&self.arena.state)
+            .tasks
+            .iter()
+            .map(|(id, t)| (id.clone(), t.current_status()))
+            .collect()
+    }
+
     /// Stops the server and waits for it.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {

@@ -40,6 +40,8 @@ pub struct Counters {
     pub idempotent_replays: u64,
     /// Tasks cancelled through the cancel endpoint.
     pub cancels: u64,
+    /// Answers handled but held back right now by a `hold_ms` fault (a launch's task already started).
+    pub held_answers: u64,
     /// Routes created by `POST /llm/models`.
     pub registrations: u64,
     /// Routes created per model name (a restore under the same name counts again).
@@ -260,6 +262,8 @@ pub(crate) struct ArenaState {
     pub(crate) counters: Counters,
     pub(crate) log: Vec<RecordedRequest>,
     pub(crate) route_gc_idle: Option<Duration>,
+    /// `World::dedupe_launches`.
+    pub(crate) dedupe_launches: bool,
 }
 
 impl ArenaState {
@@ -323,6 +327,7 @@ impl ArenaState {
             counters,
             log: Vec::new(),
             route_gc_idle: world.route_gc_idle_ms.map(Duration::from_millis),
+            dedupe_launches: world.dedupe_launches,
         }
     }
 

@@ -54,6 +54,10 @@ pub struct World {
     /// How the cancel endpoint answers.
     #[serde(default)]
     pub cancel_endpoint: CancelEndpoint,
+    /// Whether a launch repeating an earlier launch's `Idempotency-Key` is answered with that launch's task
+    /// (the default); false starts a new task each time, as an Arena that ignores the key.
+    #[serde(default = "yes")]
+    pub dedupe_launches: bool,
     /// Remove an LLM route nobody touched (registered, probed, renewed or launched against) for this long.
     #[serde(default)]
     pub route_gc_idle_ms: Option<u64>,
@@ -88,6 +92,7 @@ impl Default for World {
             faults: Vec::new(),
             dataset_items: true,
             cancel_endpoint: CancelEndpoint::default(),
+            dedupe_launches: true,
             route_gc_idle_ms: None,
             task_id_prefix: default_task_prefix(),
         }

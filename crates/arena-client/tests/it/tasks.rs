@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use arena_client::{Error, Party, RunOptions};
+use arena_client::{ArenaClient, Error, Party, RunOptions};
 use arena_sim::{CancelEndpoint, Endpoint, Envelope, FaultKind, FaultRule, LaunchReply, ScriptedOutcome};
 use serde_json::json;
 use stream_config::TaskStatus;
 
 use crate::retries::launch;
-use crate::support::{Logs, client, start, world};
+use crate::support::{Logs, client, config, start, world};
 
 fn quick() -> RunOptions {
     RunOptions {
@@ -148,6 +148,60 @@ async fn an_arena_without_cancel_is_tolerated_and_reported_once() {
             logs.text()
         );
     }
+}
+
+/// `cancel_tasks = false` (an Arena known to have no cancel endpoint, as its published schema): a timed-out
+/// task is left running without a request, and the warning names the first one once.
+#[tokio::test]
+async fn without_cancel_configured_no_cancel_is_sent_and_the_first_abandoned_task_is_named_once() {
+    let sim = start(world()).await;
+    sim.scripted()
+        .set_default(ScriptedOutcome::done(1.0).gate("never"));
+    let (logs, _guard) = Logs::capture();
+    let mut config = config(&sim);
+    config.cancel_tasks = false;
+    let client = ArenaClient::new(config).unwrap();
+    let options = RunOptions {
+        timeout: Duration::from_millis(600),
+        idempotency_key: None,
+        key_honoured: false,
+    };
+    for row in ["r1", "r2"] {
+        let run = client.run_task("s1", &launch(row), &options).await;
+        assert!(matches!(run.result, Err(Error::Timeout { .. })));
+    }
+    assert_eq!(sim.counters().requests_to(Endpoint::CancelTask), 0);
+    assert_eq!(
+        sim.task_status("task-1").as_deref(),
+        Some("AGENT_RUNNING"),
+        "left running"
+    );
+    let text = logs.text();
+    assert_eq!(
+        text.matches("no task cancel endpoint (by configuration)").count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains("task_id=task-1"), "{text}");
+}
+
+/// arena-sim's `hold_ms` fault: the launch is handled (its task starts) and only its answer is held.
+#[tokio::test]
+async fn a_held_launch_answer_arrives_after_its_task_started() {
+    let sim = start(world()).await;
+    sim.add_fault(FaultRule::on(Endpoint::LaunchOneTask, FaultKind::HoldMs(300)).times(1));
+    let client = client(&sim);
+    let sent = tokio::spawn(async move { client.launch_one_task("s1", &launch("r1"), None).await });
+    sim.wait_until(|c| c.held_answers == 1).await;
+    assert_eq!(
+        sim.tasks().keys().collect::<Vec<_>>(),
+        ["task-1"],
+        "the task started first"
+    );
+    assert!(!sent.is_finished(), "the answer is held");
+    let launched = sent.await.unwrap().unwrap();
+    assert!(matches!(launched, arena_client::Launched::Running { ref task_id } if task_id == "task-1"));
+    sim.wait_until(|c| c.held_answers == 0).await;
 }
 
 #[tokio::test]

@@ -132,3 +132,156 @@ fn the_journal_is_private_and_never_opened_through_a_symlink() {
     let (_, state) = Journal::open(&path).unwrap();
     assert_eq!(state.rollouts.len(), 1);
 }
+
+fn draw(step: u64, group: u32) -> Entry {
+    Entry::Draw {
+        step,
+        group,
+        stream: "s".into(),
+        data_id: format!("d{step}-{group}"),
+    }
+}
+
+/// A journal of four steps with a route, an open task, a launch in flight and a relaunched sample.
+fn four_steps(journal: &Journal) {
+    let launch = |k: SampleKey, idem: &str| Entry::Launch {
+        key: k,
+        idempotency_key: Some(idem.into()),
+    };
+    journal
+        .append_all(&[
+            Entry::Route { name: "r".into() },
+            launch(key(2, 0, 0), "k-s2g0:0"),
+            Entry::Task {
+                key: key(2, 0, 0),
+                task_id: "t-cancelled".into(),
+            },
+            Entry::TaskDone {
+                task_id: "t-cancelled".into(),
+            },
+            launch(key(2, 0, 0), "k-s2g0:0-r1"),
+            Entry::Task {
+                key: key(2, 0, 0),
+                task_id: "t-open".into(),
+            },
+            launch(key(3, 0, 1), "k-s3g0:1"),
+        ])
+        .unwrap();
+    for step in 0..4 {
+        journal.append(&draw(step, 2)).unwrap();
+        journal.append(&record(key(step, 0, 2), step as f64)).unwrap();
+        journal
+            .append(&Entry::Step {
+                step,
+                version: step + 1,
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_new_segment_carries_what_resuming_needs_and_the_old_ones_retire() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j/journal-w0.jsonl");
+    let (journal, before) = Journal::open(&path).unwrap();
+    four_steps(&journal);
+    let (_, full) = Journal::open(&path).unwrap();
+    assert_eq!(journal.rotate(2).unwrap(), 1);
+    assert_eq!(journal.position().unwrap().0, 1);
+    journal.append(&record(key(4, 0, 0), 4.0)).unwrap();
+    // Killed before the checkpoint that retires segment 0: both segments replay, to the same state.
+    let (_, both) = Journal::open(&path).unwrap();
+    assert_eq!(both.rollouts.len(), full.rollouts.len() + 1);
+    assert_eq!(journal.retire_before(1, false).unwrap(), 1);
+    assert!(!path.exists(), "segment 0 is deleted");
+    let (journal, after) = Journal::open(&path).unwrap();
+    assert_eq!(after.nonce, before.nonce);
+    assert_eq!(after.open_routes, full.open_routes);
+    assert_eq!(after.open_tasks.iter().collect::<Vec<_>>(), ["t-open"]);
+    assert_eq!(
+        after.task_launches["t-open"],
+        (key(2, 0, 0), Some("k-s2g0:0-r1".to_string())),
+        "an open task keeps the key that started it"
+    );
+    assert_eq!(
+        after.answered_launches[&key(2, 0, 0)],
+        2,
+        "the count behind fresh keys survives"
+    );
+    assert_eq!(
+        after.launches_in_flight.iter().collect::<Vec<_>>(),
+        [&key(3, 0, 1)]
+    );
+    assert_eq!(
+        after.rollouts.keys().map(|k| k.step).collect::<Vec<_>>(),
+        [2, 3, 4],
+        "the rollouts of the checkpoint's steps on, and the new one"
+    );
+    assert_eq!(
+        after.rollouts[&key(3, 0, 2)],
+        full.rollouts[&key(3, 0, 2)],
+        "carried bit for bit"
+    );
+    assert_eq!(after.draws.keys().collect::<Vec<_>>(), [&(2, 2), &(3, 2)]);
+    assert_eq!(after.last_step, Some(3));
+    // A second rotation with both segments present carries each rollout once.
+    assert_eq!(journal.rotate(3).unwrap(), 2);
+    let carried = std::fs::read_to_string(dir.path().join("j/journal-w0.000002.jsonl")).unwrap();
+    assert_eq!(carried.matches(r#""type":"carried""#).count(), 3, "{carried}");
+    assert_eq!(journal.retire_before(2, true).unwrap(), 1);
+    assert!(
+        dir.path().join("j/retired/journal-w0.000001.jsonl").is_file(),
+        "kept aside when asked"
+    );
+    let (_, last) = Journal::open(&path).unwrap();
+    assert_eq!(last.rollouts.keys().map(|k| k.step).collect::<Vec<_>>(), [3, 4]);
+}
+
+#[test]
+fn a_sealed_segment_with_a_torn_line_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal-w0.jsonl");
+    let (journal, _) = Journal::open(&path).unwrap();
+    journal.rotate(0).unwrap();
+    drop(journal);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"{\"type\":\"rou")
+        .unwrap();
+    let err = Journal::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("journal-w0.jsonl") && err.contains("sealed segment"),
+        "{err}"
+    );
+}
+
+#[test]
+fn entries_appended_together_share_one_write_and_a_kill_keeps_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.jsonl");
+    let (journal, _) = Journal::open(&path).unwrap();
+    let start = journal.position().unwrap().1;
+    journal.append_all(&[draw(0, 2), draw(0, 3), draw(0, 4)]).unwrap();
+    journal.append_all(&[]).unwrap();
+    let end = journal.position().unwrap().1;
+    drop(journal);
+    // A kill inside that one write leaves its first lines and a torn one.
+    let text = std::fs::read(&path).unwrap();
+    let third = text[..end as usize - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    assert!(third as u64 > start);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(third as u64 + 5)
+        .unwrap();
+    let (_, state) = Journal::open(&path).unwrap();
+    assert_eq!(state.torn_lines, 1);
+    assert_eq!(state.draws.keys().collect::<Vec<_>>(), [&(0, 2), &(0, 3)]);
+}

@@ -22,9 +22,14 @@ pub struct CheckpointMeta {
     pub model_fingerprint: String,
     /// The data cursor: the next step whose rows the run rolls out (rows are a function of the step).
     pub data_cursor: u64,
-    /// Bytes of this worker's journal when the checkpoint was written; a resumed run refuses a journal that
-    /// is now shorter (truncated or replaced), since the rollouts the checkpoint trained on would be lost.
+    /// Bytes of this worker's journal segment `journal_segment` when the checkpoint was written; a resumed
+    /// run refuses a segment that is now shorter or gone (truncated or replaced), since the rollouts the
+    /// checkpoint resumes with would be lost.
     pub journal_bytes: u64,
+    /// The journal segment started for this checkpoint (0 in checkpoints written before segments): it
+    /// carries everything a run resumed from here needs, so older segments can be retired.
+    #[serde(default)]
+    pub journal_segment: u32,
 }
 
 /// A fingerprint of the model folder's architecture (`config.json`), stored in checkpoints. An unreadable
@@ -90,16 +95,33 @@ pub(crate) fn check_resume(
             model: model_dir.to_path_buf(),
         });
     }
-    let now = journal.position()?;
-    if now < meta.journal_bytes {
+    let now = journal.segment_len(meta.journal_segment)?.unwrap_or(0);
+    if now < meta.journal_bytes || (meta.journal_segment > 0 && now == 0) {
         return Err(Error::JournalTruncated {
             path: journal.path().to_path_buf(),
+            segment: meta.journal_segment,
             now,
             saved: meta.journal_bytes,
             checkpoint: checkpoint.to_path_buf(),
         });
     }
     Ok(())
+}
+
+/// The oldest journal segment a checkpoint kept under `dir` needs (one it cannot read needs all).
+pub(crate) fn oldest_needed_segment(dir: &Path) -> Result<u32> {
+    let kept = trainer::Checkpoints::new(dir)
+        .list()
+        .with_context(|| format!("cannot list the checkpoints in {}", dir.display()))?;
+    let mut oldest = u32::MAX;
+    for ckpt in kept {
+        let meta = ckpt
+            .caller_state()
+            .ok()
+            .and_then(|blob| serde_json::from_slice::<CheckpointMeta>(&blob).ok());
+        oldest = oldest.min(meta.map_or(0, |m| m.journal_segment));
+    }
+    Ok(oldest)
 }
 
 #[cfg(test)]

@@ -182,9 +182,13 @@ impl Run {
                 return Ok(rounds);
             }
             let first = groups.len();
+            // The round's draws go to the journal in one write and one fsync, all before any of their
+            // rollouts starts (a kill may leave a prefix of them, which the resumed run completes).
+            let mut draws = Vec::new();
             for (j, row) in extra.iter().enumerate() {
-                self.journal_draw(step, (first + j) as u32, row)?;
+                draws.extend(self.draw_entry(step, (first + j) as u32, row)?);
             }
+            self.workflow.journal.append_all(&draws)?;
             rounds += 1;
             bar.inc_length(extra.len() as u64 * per_group);
             bar.set_message(format!("step {step}, extra round {rounds}"));
@@ -195,12 +199,12 @@ impl Run {
         }
     }
 
-    /// Journals extra draw `group` of `step` before its rollouts start; a draw the journal already holds must
-    /// name the same row.
-    fn journal_draw(&self, step: u64, group: u32, row: &PromptRow) -> Result<()> {
+    /// The entry that journals extra draw `group` of `step` before its rollouts start, unless the journal
+    /// holds it already; a draw the journal holds must name the same row.
+    fn draw_entry(&self, step: u64, group: u32, row: &PromptRow) -> Result<Option<Entry>> {
         let journal = &self.workflow.journal;
         match self.replay.draws.get(&(step, group)) {
-            Some((stream, data_id)) if *stream == row.stream && *data_id == row.row.data_id => Ok(()),
+            Some((stream, data_id)) if *stream == row.stream && *data_id == row.row.data_id => Ok(None),
             Some((stream, data_id)) => Err(crate::Error::JournalMismatch {
                 path: journal.path().to_path_buf(),
                 what: "draw",
@@ -208,12 +212,12 @@ impl Run {
                 journaled: format!("{stream}/{data_id}"),
                 drawn: format!("{}/{}", row.stream, row.row.data_id),
             }),
-            None => journal.append(&Entry::Draw {
+            None => Ok(Some(Entry::Draw {
                 step,
                 group,
                 stream: row.stream.clone(),
                 data_id: row.row.data_id.clone(),
-            }),
+            })),
         }
     }
 

@@ -19,7 +19,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::checkpoint::{
-    CheckpointMeta, check_resume, latest_checkpoint, model_fingerprint, save_checkpoint,
+    CheckpointMeta, check_resume, latest_checkpoint, model_fingerprint, oldest_needed_segment,
+    save_checkpoint,
 };
 use super::setup::model_dir;
 use super::{Collected, Plugins, Run, RunSummary, finish, save_config, setup};
@@ -299,13 +300,22 @@ impl Trainer {
         if every == 0 || (!(k + 1).is_multiple_of(every) && k + 1 != self.total) {
             return Ok(());
         }
+        // A new journal segment carries what a run resumed from this checkpoint needs (the rollouts and draws
+        // of step k + 1 on: step k and its evaluation are done); the older ones are retired once the
+        // checkpoint is saved and no kept checkpoint names them.
+        let journal = self.run.workflow.journal.clone();
+        let (journal_segment, journal_bytes) =
+            tokio::task::spawn_blocking(move || journal.rotate(k + 1).and_then(|_| journal.position()))
+                .await
+                .context("rotating the journal")??;
         let meta = CheckpointMeta {
             steps: k + 1,
             version: self.version,
             model_path: self.model_dir.display().to_string(),
             model_fingerprint: self.fingerprint.clone(),
             data_cursor: k + 1,
-            journal_bytes: self.run.workflow.journal.position()?,
+            journal_bytes,
+            journal_segment,
         };
         let root = self.run.paths.checkpoints.clone();
         let keep = config.checkpoint.keep_last as usize;
@@ -315,6 +325,11 @@ impl Trainer {
         .await
         .with_context(|| format!("saving the checkpoint of step {k}"))?;
         self.checkpoint = Some(saved);
+        let needed = oldest_needed_segment(&self.run.paths.checkpoints)?;
+        self.run
+            .workflow
+            .journal
+            .retire_before(needed, config.rollout.journal_keep_retired)?;
         Ok(())
     }
 

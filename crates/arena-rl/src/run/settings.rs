@@ -35,6 +35,7 @@ pub fn client_config(config: &RunConfig, env: &Env) -> Result<ClientConfig> {
         ClientConfig::new(base, SecretString::from(token.to_string())).context("econfig.arena_base_url")?;
     client.timeout = config.econfig.arena_request_timeout.duration();
     client.poll_interval = config.econfig.arena_poll_interval.duration();
+    client.cancel_tasks = config.econfig.arena_cancel_tasks;
     client.retry = RetryPolicy {
         retries: config.econfig.arena_request_retries,
         ..RetryPolicy::default()

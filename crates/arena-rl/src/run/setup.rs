@@ -1,8 +1,8 @@
 //! Setting a run up: paths, the journal and a killed run's leftovers, the Arena client, the healthy streams
 //! and this worker's rows, the proxy with its engine, and the route setup of the mode.
 //!
-//! The journal is opened (and a killed run's routes and tasks cleaned) before anything can fail later, and
-//! nothing journaled is ever deleted.
+//! The journal is opened (and a killed run's routes and tasks settled, `leftovers.rs`) before anything can
+//! fail later.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -134,7 +134,8 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
     }
     let client =
         ArenaClient::new(settings::client_config(&config, env)?).context("building the Arena client")?;
-    let cleaned = clean_leftovers(&client, &journal, &replay, &config, &paths).await?;
+    let (cleaned, resume_keys) =
+        super::leftovers::clean_leftovers(&client, &journal, &replay, &config, &paths).await?;
     let healthy = healthy_streams(&client, &config, env).await?;
     let rows = worker_rows(&client, &healthy, &config).await?;
     let model = Arc::new(
@@ -176,6 +177,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
             replay.nonce.as_deref().unwrap_or_default()
         ),
         answered_launches: replay.answered_launches.clone(),
+        resume_keys,
         export_style: settings::export_style(&config),
         turn_discount: config.proxy.turn_discount,
         n_samples: config.gconfig.n_samples,
@@ -193,69 +195,6 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         reward,
         cleaned,
     })
-}
-
-/// Deletes the routes and cancels the tasks a killed run left behind (from the journal).
-async fn clean_leftovers(
-    client: &ArenaClient,
-    journal: &Journal,
-    replay: &JournalState,
-    config: &RunConfig,
-    paths: &RunPaths,
-) -> Result<(usize, usize)> {
-    let timeout = settings::registration_timeout(config);
-    let cleaned =
-        Workflow::clean_leftovers(client, journal, &replay.open_routes, &replay.open_tasks, timeout)
-            .await
-            .with_context(|| {
-                format!(
-                    "cleaning up after the previous run of {}",
-                    paths.run_dir.display()
-                )
-            })?;
-    if cleaned != (0, 0) {
-        tracing::info!(
-            routes = cleaned.0,
-            tasks = cleaned.1,
-            "cleaned up routes and tasks a killed run left behind"
-        );
-    }
-    launch_window(replay, config);
-    Ok(cleaned)
-}
-
-/// Says what becomes of the launches a killed process had sent (or was sending) without an answer: their
-/// samples are launched again under the same `Idempotency-Key`. An Arena that honours the key answers with
-/// the task it already started, which the resumed run collects; any other Arena may be running a task for
-/// each that nothing will collect (their ids never reached the journal, so they cannot be cancelled).
-fn launch_window(replay: &JournalState, config: &RunConfig) {
-    let n = replay.launches_in_flight.len();
-    if n == 0 {
-        return;
-    }
-    let samples: Vec<String> = replay
-        .launches_in_flight
-        .iter()
-        .take(8)
-        .map(ToString::to_string)
-        .collect();
-    if config.econfig.arena_idempotent_launch {
-        tracing::info!(
-            launches = n,
-            samples = %samples.join(", "),
-            "the killed run had launches without an answer; they are sent again with the same \
-             Idempotency-Key, which Arena answers with the tasks it started"
-        );
-    } else {
-        tracing::warn!(
-            launches = n,
-            samples = %samples.join(", "),
-            "the killed run had launches without an answer: Arena may be running a task for each that \
-             nothing will collect (their ids never reached the journal, so they cannot be cancelled). They \
-             carried an Idempotency-Key; if this Arena honours it, set econfig.arena_idempotent_launch=true \
-             and a resumed run finds those tasks instead of launching new ones"
-        );
-    }
 }
 
 /// Arena refused the stream (not ACTIVE, an incomplete reward ref): the stream is unhealthy, not the run.

@@ -97,6 +97,7 @@ async fn a_checkpoint_from_another_model() {
         model_fingerprint: "0000000000000001".into(),
         data_cursor: 3,
         journal_bytes: 0,
+        journal_segment: 0,
     };
     trainer::Checkpoints::new(root.path().join("quickstart/local/checkpoints"))
         .save(3, &serde_json::to_vec(&meta).unwrap(), 1, |_| Ok(()))

@@ -124,6 +124,8 @@ async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkp
             "train_dataset.batch_size=2".to_string(),
             "gconfig.n_samples=4".to_string(),
             "actor.lr=0.01".to_string(),
+            // A checkpoint every step, each starting a journal segment and retiring the older ones.
+            "checkpoint.save_every=1".to_string(),
             // Weights go to disk for policy servers; the oracle engine stands in for them.
             "rollout.policy_servers=[http://127.0.0.1:9]".to_string(),
         ]
@@ -180,6 +182,17 @@ async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkp
     };
     let optimiser_steps = saved_steps(&ckpt);
     assert!(optimiser_steps >= 1);
+    // Two checkpoints, two journal segments started; the older ones are gone (deleted, not kept aside).
+    let journal_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(run_dir.join("journal"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(meta.journal_segment, 2);
+    assert_eq!(journal_files(), ["journal-w0.000002.jsonl"]);
 
     // A second run with more steps resumes from it and continues the same optimiser.
     let second = run("3");
@@ -196,6 +209,8 @@ async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkp
     assert_eq!((summary.resumed_at, summary.steps_trained), (2, 1));
     let (ckpt, meta) = latest_checkpoint(&run_dir.join("checkpoints")).unwrap().unwrap();
     assert_eq!(meta.steps, 3);
+    // The resumed run read segment 2 alone, and its checkpoint retired it in turn.
+    assert_eq!(journal_files(), ["journal-w0.000003.jsonl"]);
     assert!(
         saved_steps(&ckpt) >= optimiser_steps,
         "the optimiser continued from the checkpoint"

@@ -14,7 +14,8 @@ use arena_rl::error::Context as _;
 use arena_rl::journal::{Entry, SampleKey, Verdict};
 use arena_rl::run::{Plugins, train};
 use arena_rl::train::{NewWeights, StepOutput, TrainBatch, TrainStep};
-use arena_sim::{ArenaSim, World};
+use arena_sim::{ArenaSim, Endpoint, FaultKind, FaultRule, World};
+use stream_config::TaskStatus;
 
 use crate::support::{OracleEngine, config, env, model_folder};
 
@@ -47,39 +48,52 @@ impl TrainStep for Recording {
     }
 }
 
-fn child_config(base: &str, root: &Path, model: &Path, mode: &str) -> stream_config::RunConfig {
+fn child_config(base: &str, root: &Path, model: &Path, mode: &str, arena: &str) -> stream_config::RunConfig {
+    let can: Vec<String> = arena
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("econfig.{s}=true"))
+        .collect();
+    let can: Vec<&str> = can.iter().map(String::as_str).collect();
     config(
         base,
         root,
         model,
         &[
-            &format!("econfig.arena_llm_route_mode={mode}"),
-            &format!("actor.total_train_steps={STEPS}"),
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=3",
-            "rollout.max_head_offpolicyness=1",
-            // Dynamic sampling: a batch group whose rewards are all equal makes the step draw more prompts.
-            "rollout.max_oversample_factor=3",
-            "checkpoint.save_every=1",
-            "checkpoint.keep_last=1",
-        ],
+            &can[..],
+            &[
+                &format!("econfig.arena_llm_route_mode={mode}"),
+                &format!("actor.total_train_steps={STEPS}"),
+                "train_dataset.batch_size=2",
+                "gconfig.n_samples=3",
+                "rollout.max_head_offpolicyness=1",
+                // Dynamic sampling: a batch group whose rewards are all equal makes the step draw more prompts.
+                "rollout.max_oversample_factor=3",
+                "checkpoint.save_every=1",
+                "checkpoint.keep_last=1",
+                // Retired journal segments are kept aside, so the test can read the whole history.
+                "rollout.journal_keep_retired=true",
+            ],
+        ]
+        .concat(),
     )
 }
 
 /// The child: runs the loop when the parent asks for it, otherwise does nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn child() {
-    let (Ok(base), Ok(root), Ok(mode)) = (
+    let (Ok(base), Ok(root), Ok(mode), Ok(arena)) = (
         std::env::var("ARENA_RL_KILL_BASE"),
         std::env::var("ARENA_RL_KILL_ROOT"),
         std::env::var("ARENA_RL_KILL_MODE"),
+        std::env::var("ARENA_RL_KILL_ARENA"),
     ) else {
         return;
     };
     let root = PathBuf::from(root);
     let model = root.join("model");
     let summary = train(
-        child_config(&base, &root, &model, &mode),
+        child_config(&base, &root, &model, &mode, &arena),
         &env(),
         Plugins {
             engine: Some(OracleEngine::settled(&model).handle()),
@@ -91,12 +105,21 @@ async fn child() {
     println!("CHILD-DONE resumed_at={}", summary.resumed_at);
 }
 
-fn spawn_child(base: &str, root: &Path, mode: &str) -> std::process::Child {
+/// The child's run: `mode` is the route mode, `arena` the `econfig` flags saying what this Arena can do
+/// (`arena_idempotent_launch,arena_cancel_tasks`, either, or empty).
+#[derive(Clone, Copy)]
+struct Child<'a> {
+    mode: &'a str,
+    arena: &'a str,
+}
+
+fn spawn_child(base: &str, root: &Path, run: Child<'_>) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args(["kill_resume::child", "--exact", "--nocapture", "--test-threads=1"])
         .env("ARENA_RL_KILL_BASE", base)
         .env("ARENA_RL_KILL_ROOT", root)
-        .env("ARENA_RL_KILL_MODE", mode)
+        .env("ARENA_RL_KILL_MODE", run.mode)
+        .env("ARENA_RL_KILL_ARENA", run.arena)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -115,13 +138,149 @@ async fn kill_9_in_gateway_mode_leaves_no_route_and_trains_nothing_twice() {
     kill_and_resume("gateway", 0x9a7e).await;
 }
 
-async fn kill_and_resume(mode: &str, kill_seed: u64) {
-    let mut world = World::quickstart();
-    world.token = "sim-token".into();
+/// Kill -9 while a launch POST is in flight: arena-sim has started the launch's task and holds its answer
+/// (`hold_ms`), so the journal has the launch and no task id. Arena dedupes, so the resumed run's relaunch
+/// under the same key finds that task; it has no cancel endpoint, so a task answered before a kill is
+/// collected the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_inside_the_launch_post_then_resume_leaves_no_task_behind() {
+    kill_inside_launches(
+        Child {
+            mode: "session_gateway",
+            arena: "arena_idempotent_launch",
+        },
+        0x1a0c,
+    )
+    .await;
+}
+
+/// The same in `gateway` mode, against an Arena that can also cancel: answered leftovers are cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_inside_the_launch_post_in_gateway_mode_leaves_no_task_behind() {
+    kill_inside_launches(
+        Child {
+            mode: "gateway",
+            arena: "arena_idempotent_launch,arena_cancel_tasks",
+        },
+        0x6a7e,
+    )
+    .await;
+}
+
+/// The same in `direct` mode (harnesses call the proxy with their session key), against an Arena that
+/// dedupes and cancels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_inside_the_launch_post_in_direct_mode_leaves_no_task_behind() {
+    kill_inside_launches(
+        Child {
+            mode: "direct",
+            arena: "arena_idempotent_launch,arena_cancel_tasks",
+        },
+        0xd1ec,
+    )
+    .await;
+}
+
+async fn kill_inside_launches(run: Child<'static>, kill_seed: u64) {
+    // arena-sim can do what the run is told it can, and no more.
+    let mut world = sim_world();
+    world.dedupe_launches = run.arena.contains("arena_idempotent_launch");
+    if !run.arena.contains("arena_cancel_tasks") {
+        world.cancel_endpoint = arena_sim::CancelEndpoint::NotFound;
+    }
     let sim = ArenaSim::start(world).await.unwrap();
     let root = tempfile::tempdir().unwrap();
     model_folder(root.path());
     let base = sim.base_url();
+    let mut seed = kill_seed;
+    let mut held_kills = 0;
+    for _ in 0..3 {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        // The launch whose answer is held: one of the first dozen this process sends.
+        let after = (seed >> 33) % 12;
+        sim.add_fault(
+            FaultRule::on(Endpoint::LaunchOneTask, FaultKind::HoldMs(5_000))
+                .after(after)
+                .times(1),
+        );
+        let mut child = spawn_child(&base, root.path(), run);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let mut held = false;
+        while std::time::Instant::now() < deadline {
+            if sim.counters().held_answers > 0 {
+                held = true;
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let tasks_started = sim.tasks().len();
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        sim.clear_faults();
+        if held {
+            held_kills += 1;
+            assert!(
+                tasks_started > 0,
+                "the held launch's task started before the kill"
+            );
+        }
+        tokio::time::timeout(Duration::from_secs(30), sim.wait_until(|c| c.held_answers == 0))
+            .await
+            .expect("the held answer ends");
+    }
+    assert!(held_kills > 0, "no kill landed inside a launch");
+    finish_run(&base, root.path(), run).await;
+    let run_dir = root.path().join("quickstart/local");
+    check_resumed_run(&sim, &run_dir);
+    let counters = sim.counters();
+    assert!(
+        counters.idempotent_replays >= held_kills,
+        "each launch killed in flight was found again by its relaunch: {held_kills} kills, {counters:?}"
+    );
+    if !run.arena.contains("arena_cancel_tasks") {
+        assert_eq!(counters.requests_to(Endpoint::CancelTask), 0, "{counters:?}");
+    }
+    // Every task Arena started ended, and the journal says it was collected: by the rollout it fed, or
+    // polled to its end or cancelled (`task_done`; its rollout may have been cut by a kill and run again).
+    let mut collected = BTreeSet::new();
+    for entry in journal_entries(&run_dir) {
+        match entry {
+            Entry::Rollout(r) => collected.extend(r.task_id),
+            Entry::TaskDone { task_id } => {
+                collected.insert(task_id);
+            }
+            _ => {}
+        }
+    }
+    for (task_id, status) in sim.tasks() {
+        assert!(
+            TaskStatus::parse(&status).is_terminal(),
+            "task {task_id} is still {status} in Arena after the run"
+        );
+        assert!(
+            collected.contains(&task_id),
+            "task {task_id} ({status}) was started in Arena and nothing collected or cancelled it"
+        );
+    }
+}
+
+fn sim_world() -> World {
+    let mut world = World::quickstart();
+    world.token = "sim-token".into();
+    world
+}
+
+async fn kill_and_resume(mode: &'static str, kill_seed: u64) {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    model_folder(root.path());
+    let base = sim.base_url();
+    let run = Child { mode, arena: "" };
     // Seeded kill points (ms after start), spread over setup, rollouts, training and checkpoints.
     let mut seed = kill_seed;
     let mut kills = Vec::new();
@@ -133,7 +292,7 @@ async fn kill_and_resume(mode: &str, kill_seed: u64) {
     }
     let mut killed = 0;
     for ms in &kills {
-        let mut child = spawn_child(&base, root.path(), mode);
+        let mut child = spawn_child(&base, root.path(), run);
         let deadline = std::time::Instant::now() + Duration::from_millis(*ms);
         let mut finished = false;
         while std::time::Instant::now() < deadline {
@@ -149,11 +308,17 @@ async fn kill_and_resume(mode: &str, kill_seed: u64) {
         }
         let _ = child.wait();
     }
+    finish_run(&base, root.path(), run).await;
+    assert!(killed > 0, "no kill landed before the run finished: {kills:?}");
+    check_resumed_run(&sim, &root.path().join("quickstart/local"));
+}
+
+/// Runs the child to its end and checks it finished.
+async fn finish_run(base: &str, root: &Path, run: Child<'static>) {
     let out = tokio::task::spawn_blocking({
-        let base = base.clone();
-        let root = root.path().to_path_buf();
-        let mode = mode.to_string();
-        move || spawn_child(&base, &root, &mode).wait_with_output().unwrap()
+        let base = base.to_string();
+        let root = root.to_path_buf();
+        move || spawn_child(&base, &root, run).wait_with_output().unwrap()
     })
     .await
     .unwrap();
@@ -163,16 +328,56 @@ async fn kill_and_resume(mode: &str, kill_seed: u64) {
         "final run failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(killed > 0, "no kill landed before the run finished: {kills:?}");
+}
 
-    let run_dir = root.path().join("quickstart/local");
+/// The journal's segment files in `dir`, oldest first.
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "jsonl"));
+    // `journal-w0.jsonl` is segment 0, then `journal-w0.000001.jsonl` and up: the names sort in order
+    // once segment 0's is read as `journal-w0.000000.jsonl`.
+    files.sort_by_key(|p| {
+        p.to_string_lossy()
+            .replace("journal-w0.jsonl", "journal-w0.000000.jsonl")
+    });
+    files
+}
+
+/// The journal's entries as they were written, in order: the retired segments, then the live ones, without
+/// the copies a new segment carries over from older ones.
+fn journal_entries(run_dir: &Path) -> Vec<Entry> {
+    let dir = run_dir.join("journal");
+    let retired = segment_files(&dir.join("retired"));
+    let live = segment_files(&dir);
+    assert!(!retired.is_empty(), "checkpoints retired journal segments");
+    assert!(
+        live.len() <= 2,
+        "only the segments a kept checkpoint needs stay: {live:?}"
+    );
+    retired
+        .iter()
+        .chain(&live)
+        .flat_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Entry>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .filter(|e| !matches!(e, Entry::Carried { .. }))
+        .collect()
+}
+
+/// What a run killed any number of times and resumed to its end must hold: every rollout journaled once,
+/// every step trained once on its first informative groups, each step's metrics once, no route left.
+fn check_resumed_run(sim: &ArenaSim, run_dir: &Path) {
     // The journal: every finished rollout recorded once, never run again after a kill.
-    let journal = std::fs::read_to_string(run_dir.join("journal/journal-w0.jsonl")).unwrap();
     let mut rollouts: BTreeMap<SampleKey, Verdict> = BTreeMap::new();
     let mut open_routes = BTreeSet::new();
     let mut draws: BTreeMap<(u64, u32), String> = BTreeMap::new();
-    for line in journal.lines() {
-        match serde_json::from_str::<Entry>(line).unwrap() {
+    for entry in journal_entries(run_dir) {
+        match entry {
             Entry::Draw {
                 step, group, data_id, ..
             } => {

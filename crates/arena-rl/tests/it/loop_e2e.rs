@@ -151,8 +151,23 @@ async fn the_loop_trains_on_the_sim_and_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(&dir, ckpt);
     assert_eq!((meta.steps, meta.version, meta.data_cursor), (3, 3, 3));
-    let journal = summary.run_dir.join("journal/journal-w0.jsonl");
-    assert!(meta.journal_bytes > 0 && meta.journal_bytes <= std::fs::metadata(journal).unwrap().len());
+    // The checkpoint started journal segment 1, which carries what resuming needs, and retired segment 0.
+    assert_eq!(meta.journal_segment, 1);
+    let journal_files: Vec<String> = std::fs::read_dir(summary.run_dir.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(journal_files, ["journal-w0.000001.jsonl"], "segment 0 is retired");
+    let journal = summary.run_dir.join("journal/journal-w0.000001.jsonl");
+    assert!(meta.journal_bytes > 0 && meta.journal_bytes <= std::fs::metadata(&journal).unwrap().len());
+    let (_, replayed) =
+        arena_rl::journal::Journal::open(&journal.with_file_name("journal-w0.jsonl")).unwrap();
+    assert!(
+        replayed.rollouts.is_empty(),
+        "segment 1 carries the rollouts of step 3 on, and the run ends at 3: {:?}",
+        replayed.rollouts.keys().collect::<Vec<_>>()
+    );
+    assert!(replayed.open_routes.is_empty() && replayed.open_tasks.is_empty());
     // Audit shards as reward-routing writes them.
     let audit = summary.run_dir.join("arena_results");
     let shards: Vec<_> = std::fs::read_dir(&audit).unwrap().flatten().collect();
@@ -516,28 +531,110 @@ async fn drop_last_decides_whether_the_tail_is_rolled_out() {
     }
 }
 
+/// What this Arena can do in [`killed_launch`]: dedupe repeated `Idempotency-Key`s, cancel tasks.
+#[derive(Clone, Copy)]
+struct Can {
+    dedupe: bool,
+    cancel: bool,
+}
+
 /// A launch that a killed process sent without hearing back (a journaled `launch`, no `task`) is sent again
 /// by the resumed run under the same `Idempotency-Key`: an Arena that honours the key
 /// (`econfig.arena_idempotent_launch=true`) answers with the task it already started, so no second task
 /// starts and the first is collected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_launch_a_kill_left_unanswered_finds_its_task_where_arena_dedupes() {
-    killed_launch(false).await;
+    killed_launch(
+        false,
+        Can {
+            dedupe: true,
+            cancel: false,
+        },
+    )
+    .await;
 }
 
-/// A launch Arena had answered before the kill (its task id journaled) is another matter: the resumed run
-/// cancels that task as a leftover, and the sample's new launch carries a fresh key (`-r1`), so that Arena
-/// starts a new task instead of answering with the cancelled one.
+/// The same launch against an Arena that ignores the key: a second task starts, and the first, whose id
+/// never reached the journal, cannot be cancelled even where Arena has the endpoint (the window the
+/// resumed run names in its warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_launch_a_kill_left_unanswered_is_launched_again_where_arena_does_not_dedupe() {
+    killed_launch(
+        false,
+        Can {
+            dedupe: false,
+            cancel: true,
+        },
+    )
+    .await;
+}
+
+/// A launch Arena had answered before the kill (its task id journaled), where Arena can cancel: the resumed
+/// run cancels that task as a leftover, and the sample's new launch carries a fresh key (`-r1`), so that
+/// Arena starts a new task instead of answering with the cancelled one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_launch_answered_before_the_kill_is_cancelled_and_launched_afresh() {
-    killed_launch(true).await;
+    killed_launch(
+        true,
+        Can {
+            dedupe: true,
+            cancel: true,
+        },
+    )
+    .await;
 }
 
-async fn killed_launch(answered: bool) {
+/// The same where Arena can cancel but ignores the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_launch_answered_before_the_kill_is_cancelled_where_arena_does_not_dedupe() {
+    killed_launch(
+        true,
+        Can {
+            dedupe: false,
+            cancel: true,
+        },
+    )
+    .await;
+}
+
+/// Where Arena dedupes but has no cancel endpoint (`econfig.arena_cancel_tasks=false`), the answered task
+/// is not cancelled: the sample is relaunched under the key that started it, and the run collects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_launch_answered_before_the_kill_is_collected_where_arena_dedupes_but_cannot_cancel() {
+    killed_launch(
+        true,
+        Can {
+            dedupe: true,
+            cancel: false,
+        },
+    )
+    .await;
+}
+
+/// Where Arena can do neither, the answered task is left to Arena (journaled as no longer ours, named in
+/// the resume's warning), no cancel is sent, and the sample runs a task of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_launch_answered_before_the_kill_is_left_to_arena_where_it_can_do_neither() {
+    killed_launch(
+        true,
+        Can {
+            dedupe: false,
+            cancel: false,
+        },
+    )
+    .await;
+}
+
+async fn killed_launch(answered: bool, can: Can) {
     use arena_client::{ArenaClient, ClientConfig, LaunchRequest};
     use arena_rl::journal::{Entry, Journal, SampleKey};
 
-    let sim = ArenaSim::start(world()).await.unwrap();
+    let mut world = world();
+    world.dedupe_launches = can.dedupe;
+    if !can.cancel {
+        world.cancel_endpoint = arena_sim::CancelEndpoint::NotFound;
+    }
+    let sim = ArenaSim::start(world).await.unwrap();
     let root = tempfile::tempdir().unwrap();
     let model = model_folder(root.path());
     // The killed process's journal: its nonce, and the launch of s0g0:0 it was sending.
@@ -596,7 +693,10 @@ async fn killed_launch(answered: bool) {
             "actor.total_train_steps=1",
             "train_dataset.batch_size=2",
             "gconfig.n_samples=2",
-            "econfig.arena_idempotent_launch=true",
+            // No checkpoint, so no journal segment retires the rollouts checked below.
+            "checkpoint.save_every=0",
+            &format!("econfig.arena_idempotent_launch={}", can.dedupe),
+            &format!("econfig.arena_cancel_tasks={}", can.cancel),
         ],
     );
     let summary = train(
@@ -613,33 +713,33 @@ async fn killed_launch(answered: bool) {
     let counters = sim.counters();
     let (_, state) = Journal::open(&path).unwrap();
     let record = &state.rollouts[&key];
-    if answered {
+    let cancels = counters.requests_to(Endpoint::CancelTask);
+    let collected = record.task_id.as_deref() == Some(first.as_str());
+    if answered && can.cancel {
         assert_eq!(
-            counters.requests_to(Endpoint::CancelTask),
-            1,
+            cancels, 1,
             "the leftover task is cancelled (it may have ended already): {counters:?}"
         );
-        assert_eq!(counters.idempotent_replays, 0, "{counters:?}");
-        assert_eq!(
-            counters.launches, 5,
-            "four new tasks besides the cancelled one: {counters:?}"
-        );
-        assert_ne!(
-            record.task_id.as_deref(),
-            Some(first.as_str()),
-            "s0g0:0 ran a task of its own"
-        );
     } else {
+        assert_eq!(
+            cancels, 0,
+            "no cancel is sent where it cannot help or Arena has none: {counters:?}"
+        );
+    }
+    if can.dedupe && !(answered && can.cancel) {
         assert_eq!(counters.idempotent_replays, 1, "{counters:?}");
         assert_eq!(
             counters.launches, 4,
             "three new tasks and the killed launch's one: {counters:?}"
         );
+        assert!(collected, "s0g0:0 collected its first task");
+    } else {
+        assert_eq!(counters.idempotent_replays, 0, "{counters:?}");
         assert_eq!(
-            record.task_id.as_deref(),
-            Some(first.as_str()),
-            "s0g0:0 collected its first task"
+            counters.launches, 5,
+            "four new tasks besides the killed launch's one: {counters:?}"
         );
+        assert!(!collected, "s0g0:0 ran a task of its own");
     }
     assert!(
         state.open_tasks.is_empty(),

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::{Answer, reply};
-use crate::admission::{RequestHead, admit, error_body, finish, parse_body};
+use crate::admission::{RequestHead, admit, error_body, finish, hold, parse_body};
 use crate::arena::Arena;
 use crate::fault::{Endpoint, FaultKind};
 use crate::harness::{LaunchReply, LaunchRequest, lock};
@@ -78,6 +78,7 @@ pub(super) async fn launch_one_task(
         Launched::Started { task_id, reply } => (task_id, reply),
     };
     arena.bump();
+    hold(&arena, &admitted).await;
     let response = match launch_reply {
         LaunchReply::Final => {
             let _ = done_rx.await;

@@ -166,7 +166,7 @@ impl ArenaState {
         if let Some(s) = self.stream_mut(stream_id) {
             s.launched.push(task_id.to_string());
         }
-        if let Some(k) = idempotency_key {
+        if let Some(k) = idempotency_key.filter(|_| self.dedupe_launches) {
             self.idempotency.insert(k, task_id.to_string());
         }
         self.counters.launches += 1;

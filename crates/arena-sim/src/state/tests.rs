@@ -137,6 +137,22 @@ fn an_idempotency_key_replays_the_first_launch_without_a_new_task() {
 }
 
 #[test]
+fn an_arena_that_ignores_the_key_starts_a_task_per_launch() {
+    let mut state = ArenaState::new(&World {
+        dedupe_launches: false,
+        ..world()
+    });
+    let req = request("r0", GATEWAY, Some("sess"));
+    let first = started_id(launch(&mut state, "s", &req, Some("k")).0);
+    let second = started_id(launch(&mut state, "s", &req, Some("k")).0);
+    assert_ne!(first, second);
+    assert_eq!(
+        (state.counters.launches, state.counters.idempotent_replays),
+        (2, 0)
+    );
+}
+
+#[test]
 fn refused_launches_create_nothing() {
     let check = |stream: &str, request: LaunchRequest, want: LaunchRefused| {
         let mut state = ArenaState::new(&world());

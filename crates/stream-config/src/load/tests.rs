@@ -66,6 +66,7 @@ fn defaults_follow_the_reference() {
     assert_eq!(e.arena_llm_route_mode, RouteMode::Gateway);
     assert_eq!(e.arena_inbound_protos, ["chat"]);
     assert!(!e.arena_idempotent_launch);
+    assert!(!e.arena_cancel_tasks);
     assert_eq!(e.arena_reward_threshold, None);
     assert_eq!((c.gconfig.n_samples, c.gconfig.max_new_tokens), (1, 16384));
     assert_eq!((c.gconfig.temperature, c.gconfig.top_p), (1.0, 1.0));

@@ -72,6 +72,14 @@ pub struct EConfig {
     /// schema does not promise it) still sends the key, but never retries a launch that may have reached
     /// Arena, and a resumed run warns of the launches a kill left without an answer.
     pub arena_idempotent_launch: bool,
+    /// Whether this Arena has `POST /openapi/v1/tasks/{task_id}/cancel`. Then a task the run stops waiting
+    /// for (a timeout, a failed journal write) is cancelled, and a resumed run cancels the tasks its killed
+    /// process had started (their ids are journaled) before launching those samples afresh. false (the
+    /// default: Arena's published OpenAPI schema has no cancel endpoint) sends none: with
+    /// `arena_idempotent_launch` a resumed run relaunches each such sample under the key that started its task,
+    /// so Arena answers with that task and the run collects it; without it those tasks are left running, named
+    /// in one warning.
+    pub arena_cancel_tasks: bool,
     /// Legacy single-stream mode: the Harness protocol (`anthropic`, `responses`, `chat_completions`);
     /// empty means inferred from the harness.
     pub arena_llm_protocol: String,
@@ -135,6 +143,7 @@ impl Default for EConfig {
             arena_llm_route_mode: RouteMode::Gateway,
             arena_inbound_protos: vec!["chat".to_string()],
             arena_idempotent_launch: false,
+            arena_cancel_tasks: false,
             arena_llm_protocol: String::new(),
             arena_harness: String::new(),
             arena_task_envs: BTreeMap::new(),

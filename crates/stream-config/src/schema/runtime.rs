@@ -158,6 +158,10 @@ pub struct RolloutSection {
     pub worker_index: u32,
     /// Directory of the durable rollout journal; empty means `<run dir>/journal`.
     pub journal_dir: String,
+    /// Keep the journal segments a checkpoint retires, moved into `<journal dir>/retired/`, instead of
+    /// deleting them (false, the default: the journal then holds only what resuming needs, about the steps
+    /// since the oldest kept checkpoint). Audit records are in the audit shards either way.
+    pub journal_keep_retired: bool,
 }
 
 impl Default for RolloutSection {
@@ -170,6 +174,7 @@ impl Default for RolloutSection {
             n_workers: 1,
             worker_index: 0,
             journal_dir: String::new(),
+            journal_keep_retired: false,
         }
     }
 }

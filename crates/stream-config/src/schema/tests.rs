@@ -24,6 +24,7 @@ fn struct_fields_lists_the_sections() {
         ]
     );
     assert!(struct_fields::<EConfig>().contains(&"arena_idempotent_launch"));
+    assert!(struct_fields::<EConfig>().contains(&"arena_cancel_tasks"));
 }
 
 #[test]
