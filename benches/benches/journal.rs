@@ -10,7 +10,11 @@
 
 use std::hint::black_box;
 use std::io::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+#[path = "common/timing.rs"]
+mod timing;
+use timing::median;
 
 use arena_rl::journal::{Entry, Journal, RolloutRecord, SampleKey, Verdict};
 use criterion::{Criterion, criterion_group};
@@ -159,18 +163,6 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-fn median(mut f: impl FnMut(), runs: usize) -> Duration {
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[runs / 2]
-}
-
 fn ratio_report() {
     let dir = tempfile::tempdir().expect("tempdir");
     let t = trajectory();
@@ -178,18 +170,12 @@ fn ratio_report() {
     let compact_bytes = compact_run(dir.path(), n, &t);
     let plain_bytes = plain_run(dir.path(), n, &t);
     let tokens = f64::from(n) * TOKENS as f64;
-    let ours = median(
-        || {
-            black_box(compact_run(dir.path(), n, &t));
-        },
-        5,
-    );
-    let peer = median(
-        || {
-            black_box(plain_run(dir.path(), n, &t));
-        },
-        5,
-    );
+    let ours = median(5, || {
+        black_box(compact_run(dir.path(), n, &t));
+    });
+    let peer = median(5, || {
+        black_box(plain_run(dir.path(), n, &t));
+    });
     println!(
         "journal, {n} rollouts of {TOKENS} tokens: bytes per token compact {:.2}, plain JSON {:.2} \
          (ratio {:.1}x); append with fsync compact {:.0} tokens/s, plain {:.0} tokens/s (ratio {:.1}x)",
@@ -201,8 +187,8 @@ fn ratio_report() {
         peer.as_secs_f64() / ours.as_secs_f64()
     );
     let draws = 64;
-    let batched = median(|| draws_run(dir.path(), draws, 8), 5);
-    let single = median(|| draws_run(dir.path(), draws, 1), 5);
+    let batched = median(5, || draws_run(dir.path(), draws, 8));
+    let single = median(5, || draws_run(dir.path(), draws, 1));
     println!(
         "journal, {draws} draw entries: in rounds of 8 with one fsync each round {:.0} entries/s, one fsync \
          per entry {:.0} entries/s (ratio {:.1}x)",

@@ -5,7 +5,10 @@
 //! bench prints the ratio of the two medians from a few extra timed runs.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+
+#[path = "common/timing.rs"]
+mod timing;
+use timing::median;
 
 use criterion::{Criterion, criterion_group};
 use stream_config::mixture::{MixtureStream, mixture_order, plan};
@@ -95,25 +98,13 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-fn median(mut f: impl FnMut(), runs: usize) -> Duration {
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[runs / 2]
-}
-
 fn ratio_report() {
     let names = names();
     for (scenario, weight) in scenarios() {
         let s = streams(&names, weight);
         let counts = plan(&s, 0, 1).expect("valid mixture").counts;
-        let ours = median(|| drop(black_box(mixture_order(&s, 0, 1))), 5);
-        let peer = median(|| drop(black_box(naive_order(&s, &counts))), 3);
+        let ours = median(5, || drop(black_box(mixture_order(&s, 0, 1))));
+        let peer = median(3, || drop(black_box(naive_order(&s, &counts))));
         println!(
             "mixture/{scenario}, {ROWS} rows x {STREAMS} streams: stream_config {:.1} ms, \
              reference_naive {:.1} ms, ratio (peer / ours) {:.1}x",

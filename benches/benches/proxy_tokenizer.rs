@@ -7,7 +7,11 @@
 //! Needs `ARENA_RL_SMOLLM2` (`eval "$(cargo xtask fixtures)"`).
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "common/timing.rs"]
+mod timing;
+use timing::median;
 
 use criterion::Criterion;
 use rollout_proxy::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -41,19 +45,6 @@ fn fresh_words(seed: &mut u64, words: usize) -> String {
         }
     }
     out
-}
-
-/// The median of `runs` timings of `f`.
-fn median(runs: usize, mut f: impl FnMut()) -> Duration {
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[runs / 2]
 }
 
 fn main() {
