@@ -17,11 +17,17 @@
 //! the machine's load average, and the proxy's retained heap bytes per stored token (measured in this
 //! process with a counting allocator). The summary is also written to
 //! `<target>/criterion/proxy-summary.json`. `ARENA_RL_PROXY_BENCH_MODES` (comma-separated mode names)
-//! limits the run to some modes.
+//! limits the run to some modes. A request that fails (a connection refused or reset after five retries,
+//! one broken before the answer, a body broken off, a status that is not a success) is counted by kind and
+//! reported beside the figures, which count successes only: a peer that drops connections under load
+//! never ends the run or loses its summary.
 //!
 //! Needs `ARENA_RL_SMOLLM2` and `ARENA_RL_PY_CLIENTS` (`eval "$(cargo xtask fixtures)"`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+#[path = "common/summary.rs"]
+mod summary;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -42,35 +48,6 @@ use rollout_proxy::{
 };
 use secrecy::SecretString;
 use serde_json::{Value, json};
-
-/// Counts live heap bytes, so the bench can report what the session store retains per token.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to the system allocator unchanged and only adds bookkeeping.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's arguments.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 const ROLE: &str = "ARENA_RL_PROXY_BENCH_ROLE";
 const ADMIN: &str = "bench-admin-key";
@@ -445,11 +422,36 @@ struct Target {
 
 type Http = Client<HttpConnector, Full<Bytes>>;
 
-async fn one(client: &Http, target: &Target, key: &str) -> Duration {
+/// Why a request failed: the run goes on, and the summary reports how many failed and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Failure {
+    /// No connection, or it was refused or reset before an answer, after the retries.
+    Connect,
+    /// The connection broke after the request was sent, before the answer's head.
+    Transport,
+    /// The answer's body broke off (a peer that closed the connection mid-stream).
+    Body,
+    /// An answer that is not a success.
+    Status,
+}
+
+impl Failure {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Transport => "transport",
+            Self::Body => "body",
+            Self::Status => "status",
+        }
+    }
+}
+
+/// One request to its last byte: its latency, or why it failed.
+async fn one(client: &Http, target: &Target, key: &str) -> Result<Duration, Failure> {
     let body = target.body.clone();
     let start = Instant::now();
     // A burst of 1024 new connections can overflow the listen backlog; a reset connection is retried (the
-    // retry counts in the latency) rather than failing the run.
+    // retry counts in the latency) rather than failing the request.
     for attempt in 0.. {
         let request = http::Request::post(&target.url)
             .header("content-type", "application/json")
@@ -463,25 +465,55 @@ async fn one(client: &Http, target: &Target, key: &str) -> Duration {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
-            Err(e) => panic!("{}: the system under test did not answer: {e:?}", target.name),
+            Err(e) if e.is_connect() || format!("{e:?}").contains("ConnectionReset") => {
+                note_failure(target, &format!("{e:?}"));
+                return Err(Failure::Connect);
+            }
+            Err(e) => {
+                note_failure(target, &format!("{e:?}"));
+                return Err(Failure::Transport);
+            }
         };
         let status = response.status();
-        let bytes = response.into_body().collect().await.expect("body").to_bytes();
-        assert!(
-            status.is_success(),
-            "{}: HTTP {status}: {}",
-            target.name,
-            String::from_utf8_lossy(&bytes)
-        );
+        let bytes = match response.into_body().collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                note_failure(target, &format!("the body broke off: {e:?}"));
+                return Err(Failure::Body);
+            }
+        };
+        if !status.is_success() {
+            note_failure(
+                target,
+                &format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)),
+            );
+            return Err(Failure::Status);
+        }
         break;
     }
-    start.elapsed()
+    Ok(start.elapsed())
 }
 
 static RETRIES: AtomicUsize = AtomicUsize::new(0);
+static FAILURES_SHOWN: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs `total` requests through `c` closed-loop clients; answers the wall time and each latency.
-async fn load(client: &Http, target: &Target, c: usize, total: usize) -> (Duration, Vec<Duration>) {
+/// Prints the first few failures as they happen, so a failing peer is visible before the summary.
+fn note_failure(target: &Target, what: &str) {
+    if FAILURES_SHOWN.fetch_add(1, Ordering::Relaxed) < 5 {
+        eprintln!("{}: a request failed: {what}", target.name);
+    }
+}
+
+/// What a batch of requests came to: the wall time, each success's latency, and the failures by kind.
+#[derive(Default)]
+struct Batch {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    failures: BTreeMap<Failure, usize>,
+}
+
+/// Runs `total` requests through `c` closed-loop clients.
+async fn load(client: &Http, target: &Target, c: usize, total: usize) -> Batch {
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -489,18 +521,27 @@ async fn load(client: &Http, target: &Target, c: usize, total: usize) -> (Durati
         let (client, target, next) = (client.clone(), target.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
             let key = target.keys[worker % target.keys.len()].clone();
-            let mut latencies = Vec::new();
+            let mut outcomes = Vec::new();
             while next.fetch_add(1, Ordering::Relaxed) < total {
-                latencies.push(one(&client, &target, &key).await);
+                outcomes.push(one(&client, &target, &key).await);
             }
-            latencies
+            outcomes
         }));
     }
-    let mut all = Vec::with_capacity(total);
+    let mut batch = Batch {
+        latencies: Vec::with_capacity(total),
+        ..Batch::default()
+    };
     for t in tasks {
-        all.extend(t.await.expect("client task"));
+        for outcome in t.await.expect("a client task ends") {
+            match outcome {
+                Ok(latency) => batch.latencies.push(latency),
+                Err(failure) => *batch.failures.entry(failure).or_default() += 1,
+            }
+        }
     }
-    (start.elapsed(), all)
+    batch.elapsed = start.elapsed();
+    batch
 }
 
 #[derive(Default)]
@@ -508,6 +549,25 @@ struct Stats {
     requests: usize,
     busy: Duration,
     latencies: Vec<Duration>,
+    failures: BTreeMap<Failure, usize>,
+}
+
+impl Stats {
+    fn failed(&self) -> usize {
+        self.failures.values().sum()
+    }
+
+    /// The failures by kind, as `body 3, connect 1`, or `-`.
+    fn failures_text(&self) -> String {
+        if self.failures.is_empty() {
+            return "-".into();
+        }
+        self.failures
+            .iter()
+            .map(|(kind, n)| format!("{} {n}", kind.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -566,12 +626,12 @@ fn memory_per_token(runtime: &tokio::runtime::Runtime, body: &Value) -> (f64, u6
             }
         };
         chat(keys[1000].clone()).await;
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = counting_alloc::LIVE.load(Ordering::Relaxed);
         let tokens_before = stored_tokens(&app).await;
         for key in &keys[..1000] {
             chat(key.clone()).await;
         }
-        let after = LIVE.load(Ordering::Relaxed);
+        let after = counting_alloc::LIVE.load(Ordering::Relaxed);
         let tokens = stored_tokens(&app).await - tokens_before;
         ((after.saturating_sub(before)) as f64 / tokens as f64, tokens)
     })
@@ -788,13 +848,16 @@ fn main() {
                         runtime.block_on(async {
                             let mut total = Duration::ZERO;
                             for _ in 0..iters {
-                                let (elapsed, latencies) = load(&client, target, c, batch).await;
-                                total += elapsed;
+                                let done = load(&client, target, c, batch).await;
+                                total += done.elapsed;
                                 let mut s = stats.lock().expect("stats");
                                 let entry = s.entry(key.clone()).or_default();
-                                entry.requests += latencies.len();
-                                entry.busy += elapsed;
-                                entry.latencies.extend(latencies);
+                                entry.requests += done.latencies.len();
+                                entry.busy += done.elapsed;
+                                entry.latencies.extend(done.latencies);
+                                for (kind, n) in done.failures {
+                                    *entry.failures.entry(kind).or_default() += n;
+                                }
                             }
                             total
                         })
@@ -812,7 +875,7 @@ fn main() {
         priority.describe()
     );
     println!(
-        "{:<16} {:>5} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "{:<16} {:>5} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8}",
         "mode",
         "c",
         "arena-rl/s",
@@ -822,37 +885,59 @@ fn main() {
         "llm p50",
         "llm p99",
         "tput x",
-        "p99 /"
+        "p99 /",
+        "ours err",
+        "llm err"
     );
+    let mut failures = Vec::new();
     let mut s = stats.lock().expect("stats");
     for mode in modes.iter().map(|m| m.name()) {
         for c in LEVELS {
+            // Throughput and latencies count successes only; failures are reported beside them.
             let mut row = |name: &str| {
                 let st = s.entry(format!("{mode}/{name}/{c}")).or_default();
                 st.latencies.sort();
                 let rps = st.requests as f64 / st.busy.as_secs_f64().max(1e-9);
+                if st.failed() > 0 {
+                    failures.push(format!("{mode} c={c} {name}: {}", st.failures_text()));
+                }
                 (
                     rps,
                     percentile(&st.latencies, 0.5),
                     percentile(&st.latencies, 0.99),
                     st.requests,
+                    st.failed(),
                 )
             };
-            let (ours_rps, ours_p50, ours_p99, ours_n) = row("arena-rl");
-            let (llm_rps, llm_p50, llm_p99, llm_n) = row("litellm");
+            let (ours_rps, ours_p50, ours_p99, ours_n, ours_err) = row("arena-rl");
+            let (llm_rps, llm_p50, llm_p99, llm_n, llm_err) = row("litellm");
             println!(
-                "{mode:<16} {c:>5} {ours_rps:>12.0} {llm_rps:>12.1} {ours_p50:>9.2}ms {ours_p99:>9.2}ms {llm_p50:>9.1}ms {llm_p99:>9.1}ms {:>9.1} {:>9.1}",
+                "{mode:<16} {c:>5} {ours_rps:>12.0} {llm_rps:>12.1} {ours_p50:>9.2}ms {ours_p99:>9.2}ms {llm_p50:>9.1}ms {llm_p99:>9.1}ms {:>9.1} {:>9.1} {ours_err:>8} {llm_err:>8}",
                 ours_rps / llm_rps,
                 llm_p99 / ours_p99
             );
             report.insert(
                 format!("{mode}/{c}"),
-                json!({"arena_rl": {"rps": ours_rps, "p50_ms": ours_p50, "p99_ms": ours_p99, "requests": ours_n},
-                       "litellm": {"rps": llm_rps, "p50_ms": llm_p50, "p99_ms": llm_p99, "requests": llm_n},
+                json!({"arena_rl": {"rps": ours_rps, "p50_ms": ours_p50, "p99_ms": ours_p99, "requests": ours_n, "errors": ours_err},
+                       "litellm": {"rps": llm_rps, "p50_ms": llm_p50, "p99_ms": llm_p99, "requests": llm_n, "errors": llm_err},
                        "throughput_ratio": ours_rps / llm_rps, "p99_ratio": llm_p99 / ours_p99}),
             );
         }
     }
+    if failures.is_empty() {
+        println!("no request failed");
+    } else {
+        println!(
+            "failed requests (not counted in throughput or latency): {}",
+            failures.join("; ")
+        );
+    }
+    println!(
+        "connection retries (refused or reset before an answer, then served): {}",
+        RETRIES.load(Ordering::Relaxed)
+    );
+    report.insert("failures".into(), json!(failures));
+    report.insert("retries".into(), json!(RETRIES.load(Ordering::Relaxed)));
     println!(
         "retained heap per stored token: {bytes_per_token:.2} bytes ({measured_tokens} tokens in 1000 sessions)"
     );
@@ -860,20 +945,7 @@ fn main() {
     report.insert("prompt_tokens".into(), json!(prompt_tokens));
     report.insert("pinned".into(), json!(pinned_ok));
     report.insert("priority".into(), json!(priority.describe()));
-    let load_average = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("load average at the end (1, 5, 15 min): {}", load_average.trim());
-    report.insert("load_average".into(), json!(load_average.trim()));
-    let target_dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    let path = std::path::Path::new(&target_dir)
-        .join("criterion")
-        .join("proxy-summary.json");
-    if std::fs::create_dir_all(path.parent().expect("parent")).is_ok() {
-        let _ = std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&Value::Object(report)).expect("json"),
-        );
-        println!("summary written to {}", path.display());
-    }
+    summary::write_summary(report, "proxy-summary.json");
     criterion.final_summary();
 }
 

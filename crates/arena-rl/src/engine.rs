@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use rollout_proxy::{
-    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
-    WeightUpdate,
+    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, PauseMode, SampledToken,
+    TokenStream, WeightUpdate,
 };
 use trainer::{
     DeviceKind, GenerationEvent, GenerationRequest, InferenceDtype, Policy, PolicyOptions, Weights,
@@ -176,6 +176,24 @@ impl InferenceEngine for PolicyEngine {
     fn flush_cache(&self) -> BoxFuture<'_, Result<(), EngineError>> {
         // The policy keeps no prefix cache across requests: there is nothing to drop.
         Box::pin(async { Ok(()) })
+    }
+
+    /// Holds the engine between decoding steps (`trainer::Policy::pause`); every mode holds alike, since
+    /// aborting is the server's business and this engine keeps each sequence's cache either way.
+    fn pause(&self, _mode: PauseMode) -> BoxFuture<'_, Result<(), EngineError>> {
+        let result = self
+            .policy
+            .pause()
+            .map_err(|e| EngineError::Internal(format!("pausing the policy: {e}")));
+        Box::pin(async move { result })
+    }
+
+    fn resume(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        let result = self
+            .policy
+            .resume()
+            .map_err(|e| EngineError::Internal(format!("resuming the policy: {e}")));
+        Box::pin(async move { result })
     }
 }
 

@@ -23,7 +23,6 @@ pub mod engine;
 pub mod error;
 pub mod journal;
 pub mod observe;
-pub mod pool;
 pub mod proxy_control;
 pub mod quickstart;
 pub mod resolve;

@@ -1,12 +1,13 @@
 //! Serving the sim's router over TCP so that nothing which reaches the port can hold it: a deadline for
-//! each request's head, one for its whole body, one for idle keep-alives, a body size limit, a cap on
-//! connections in flight, and graceful shutdown. It is a copy of `rollout_proxy::connection` (the sim may
+//! each request's head, one for its whole body, one for idle keep-alives, one for a write that makes no
+//! progress, a body size limit, a cap on connections in flight, and graceful shutdown. It is a copy of `rollout_proxy::connection` (the sim may
 //! not depend on the proxy); keep the two in step.
 //!
 //! hyper's own header-read timer restarts as soon as a response is written, so it would also close idle
 //! keep-alives at the header timeout; each connection here has a small watchdog instead, which knows
 //! whether the connection is reading a head, handling a request or idle, and closes it when the deadline
-//! of that phase passes. Bodies are guarded as they are read: past the body deadline the answer is 408,
+//! of that phase passes, or when a write has waited on a full socket for `write_timeout`: closing the
+//! connection drops the response, and with a forwarded stream the upstream request and its generation. Bodies are guarded as they are read: past the body deadline the answer is 408,
 //! over the limit 413, whatever the handler's extractor made of the cut-off body.
 
 use std::convert::Infallible;
@@ -48,6 +49,8 @@ pub struct ConnectionLimits {
     pub max_body_bytes: usize,
     /// The most connections served at once; one more is answered 503 and closed at once.
     pub max_connections: usize,
+    /// How long a write may wait on a socket the client does not read before the connection is closed.
+    pub write_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -59,6 +62,7 @@ impl Default for ConnectionLimits {
             max_body_bytes: 32 * 1024 * 1024,
             // Above the proxy bench's 1,024 concurrent clients plus the idle keep-alives its pool holds.
             max_connections: 4096,
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -72,6 +76,7 @@ impl ConnectionLimits {
             ("idle_timeout", self.idle_timeout.is_zero()),
             ("max_body_bytes", self.max_body_bytes == 0),
             ("max_connections", self.max_connections == 0),
+            ("write_timeout", self.write_timeout.is_zero()),
         ]
         .into_iter()
         .filter_map(|(name, bad)| bad.then_some(name))
@@ -174,6 +179,7 @@ impl Connection {
         let io = TokioIo::new(Watched {
             inner: stream,
             watch: watch.clone(),
+            stalled: false,
         });
         let service = {
             let (router, limits, watch) = (self.router.clone(), self.limits.clone(), watch.clone());
@@ -203,7 +209,7 @@ impl Connection {
                 }
                 () = sleep_until(deadline) => {
                     if watch.deadline(&self.limits).is_some_and(|d| d <= Instant::now()) {
-                        tracing::debug!("closing a connection past its header or idle deadline");
+                        tracing::debug!("closing a connection past its header, idle or write deadline");
                         return;
                     }
                 }
@@ -234,6 +240,8 @@ struct Phase {
     idle_since: Instant,
     /// Whether a request was ever handled (a fresh connection gets the header timeout, not the idle one).
     served: bool,
+    /// Since when a write has waited on a full socket with no byte written, if one is waiting.
+    write_stalled_since: Option<Instant>,
 }
 
 struct Watchdog {
@@ -249,6 +257,7 @@ impl Watchdog {
                 head_since: None,
                 idle_since: Instant::now(),
                 served: false,
+                write_stalled_since: None,
             }),
             notify: Notify::new(),
         }
@@ -262,7 +271,10 @@ impl Watchdog {
 
     fn deadline(&self, limits: &ConnectionLimits) -> Option<Instant> {
         let phase = self.phase();
-        if phase.busy > 0 {
+        let stalled = phase
+            .write_stalled_since
+            .map(|since| since + limits.write_timeout);
+        let phase_deadline = if phase.busy > 0 {
             None
         } else if let Some(since) = phase.head_since {
             Some(since + limits.header_read_timeout)
@@ -270,7 +282,19 @@ impl Watchdog {
             Some(phase.idle_since + limits.idle_timeout)
         } else {
             Some(phase.idle_since + limits.header_read_timeout)
+        };
+        match (phase_deadline, stalled) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
+    }
+
+    /// A write found the socket full (`true`) or wrote bytes (`false`).
+    fn write_stalled(&self, stalled: bool) {
+        let mut phase = self.phase();
+        phase.write_stalled_since = stalled.then(Instant::now);
+        drop(phase);
+        self.notify.notify_one();
     }
 
     fn bytes_arrived(&self) {
@@ -307,10 +331,26 @@ impl Drop for Busy {
     }
 }
 
-/// The socket, telling the watchdog when bytes arrive.
+/// The socket, telling the watchdog when bytes arrive and when writes stall or make progress.
 struct Watched {
     inner: TcpStream,
     watch: Arc<Watchdog>,
+    /// Whether the last write found the socket full (the watchdog is told only of changes).
+    stalled: bool,
+}
+
+impl Watched {
+    fn wrote(&mut self, polled: &Poll<std::io::Result<usize>>) {
+        let stalled = match polled {
+            Poll::Pending => true,
+            Poll::Ready(Ok(n)) if *n > 0 => false,
+            Poll::Ready(_) => return,
+        };
+        if stalled != self.stalled {
+            self.stalled = stalled;
+            self.watch.write_stalled(stalled);
+        }
+    }
 }
 
 impl AsyncRead for Watched {
@@ -331,7 +371,10 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(&polled);
+        polled
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -347,7 +390,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {

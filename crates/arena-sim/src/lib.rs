@@ -28,8 +28,9 @@
 //! upstream is a 400 in the caller's error format, and an unknown, deleted or garbage-collected model a 404.
 //!
 //! It never reads a client's internals: everything it knows arrived over HTTP.
-//! Every connection is served under [`ConnectionLimits`] (header, body and idle timeouts, a body limit, a
-//! connection limit; [`SimBuilder::connection_limits`]), so a stalled or flooding client cannot hold it.
+//! Every connection is served under [`ConnectionLimits`] (header, body, idle and write timeouts, a body
+//! limit, a connection limit; [`SimBuilder::connection_limits`]), so a stalled or flooding client cannot
+//! hold it.
 //!
 //! Entry points: [`World`] (YAML or code, [`World::quickstart`]), [`ArenaSim::start`] /
 //! [`ArenaSim::builder`], [`tasks::TaskInstance`], and the `arena-sim` binary.
@@ -63,8 +64,8 @@ pub use harness::{
     ScriptedConfig, ScriptedHarness, ScriptedOutcome,
 };
 pub use preset::{
-    QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS, SUMS_ROWS,
-    SUMS_STREAM,
+    QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS, SUMS_EVAL_ROWS,
+    SUMS_EVAL_STREAM, SUMS_ROWS, SUMS_STREAM,
 };
 pub use runner::{CommandHarness, CommandRunnerDef, LlmHarness, LlmRunnerDef, RunnerDef, RunnerFault};
 pub use server::{ArenaSim, SimBuilder};

@@ -18,6 +18,11 @@ pub const QUICKSTART_ROWS: u64 = 300;
 pub const SUMS_STREAM: &str = "sim-sums";
 /// Rows of the SmolLM2 run's stream.
 pub const SUMS_ROWS: u64 = 2000;
+/// The SmolLM2 run's held-out stream: `sum` rows of its own (their `data_id`s differ from [`SUMS_STREAM`]'s),
+/// which the run evaluates on and never trains on (`valid_dataset.streams`).
+pub const SUMS_EVAL_STREAM: &str = "sim-sums-eval";
+/// Rows of the held-out stream.
+pub const SUMS_EVAL_ROWS: u64 = 64;
 
 impl World {
     /// The quickstart's Arena: two active streams of [`QUICKSTART_ROWS`] generated rows each,
@@ -74,19 +79,24 @@ impl World {
     /// The Arena of the SmolLM2 run (`examples/configs/smollm2.yaml`, docs/smollm2.md): one active stream,
     /// [`SUMS_STREAM`], of [`SUMS_ROWS`] generated `sum` rows (`domain:sum`, "what is 7 + 5?", no tool),
     /// run by the Chat Completions harness `chat-sim@1` in one turn of at most 16 tokens and scored by
-    /// `sim-grader@1`, with a published harness version and a healthy history so preflight passes.
+    /// `sim-grader@1`, with a published harness version and a healthy history so preflight passes; and
+    /// [`SUMS_EVAL_STREAM`], [`SUMS_EVAL_ROWS`] more such rows held out for evaluation.
     pub fn sums() -> Self {
         let (reward_key, reward_version) = QUICKSTART_REWARD;
-        let mut stream = StreamDef::new(SUMS_STREAM)
-            .harness("chat-sim", "1")
-            .reward(reward_key, reward_version)
-            .family(TaskFamily::Sum)
-            .generated(SUMS_ROWS);
-        for _ in 0..3 {
-            stream = stream.history("DONE", ("chat-sim", "1"), QUICKSTART_REWARD);
-        }
+        let sums = |id: &str, rows: u64| {
+            let mut stream = StreamDef::new(id)
+                .harness("chat-sim", "1")
+                .reward(reward_key, reward_version)
+                .family(TaskFamily::Sum)
+                .generated(rows);
+            for _ in 0..3 {
+                stream = stream.history("DONE", ("chat-sim", "1"), QUICKSTART_REWARD);
+            }
+            stream
+        };
         let mut world = World::default()
-            .stream(stream)
+            .stream(sums(SUMS_STREAM, SUMS_ROWS))
+            .stream(sums(SUMS_EVAL_STREAM, SUMS_EVAL_ROWS))
             .harness_version("chat-sim", "1", "PUBLISHED");
         world.runners.insert(
             "chat-sim".to_string(),

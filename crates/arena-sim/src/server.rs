@@ -24,6 +24,7 @@ pub struct SimBuilder {
     world: World,
     harnesses: HashMap<String, Arc<dyn Harness>>,
     addr: SocketAddr,
+    listener: Option<TcpListener>,
     limits: ConnectionLimits,
 }
 
@@ -41,8 +42,15 @@ impl SimBuilder {
         self
     }
 
-    /// Serves under these header, body and idle timeouts, body limit and connection limit instead of the
-    /// defaults.
+    /// Serves on a listener the caller bound (with its own socket options, which accepted connections
+    /// inherit) instead of binding one.
+    pub fn listener(mut self, listener: TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
+    /// Serves under these header, body, idle and write timeouts, body limit and connection limit instead of
+    /// the defaults.
     pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
         self.limits = limits;
         self
@@ -52,10 +60,13 @@ impl SimBuilder {
     pub async fn start(self) -> Result<ArenaSim> {
         self.world.validate()?;
         self.limits.validate().map_err(Error::World)?;
-        let listener = TcpListener::bind(self.addr).await.map_err(|source| Error::Bind {
-            addr: self.addr,
-            source,
-        })?;
+        let listener = match self.listener {
+            Some(listener) => listener,
+            None => TcpListener::bind(self.addr).await.map_err(|source| Error::Bind {
+                addr: self.addr,
+                source,
+            })?,
+        };
         let addr = listener.local_addr().map_err(|source| Error::Bind {
             addr: self.addr,
             source,
@@ -128,6 +139,7 @@ impl ArenaSim {
             world,
             harnesses: HashMap::new(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listener: None,
             limits: ConnectionLimits::default(),
         }
     }

@@ -1,10 +1,13 @@
 //! The inference engine abstraction the proxy serves the policy through, and its implementations: a
-//! deterministic fake for tests and benches, an SGLang `/generate` client, and [`generate_router`], which
-//! serves any engine over SGLang's `/generate` so that other machines (and this crate's tests) can reach it.
+//! deterministic fake for tests and benches, an SGLang `/generate` client, a pool of SGLang servers with
+//! paused weight updates ([`EnginePool`]), and [`GenerateServer`] ([`generate_router`]), which serves any
+//! engine over SGLang's HTTP contract so that other machines (and this crate's tests) can reach it.
 //!
-//! The trait speaks token ids only; it knows nothing of HTTP, chat templates or sessions.
+//! The trait speaks token ids only; it knows nothing of HTTP, chat templates or sessions, beyond an opaque
+//! affinity key per request ([`GenerateRequest::affinity`]) that routing may use.
 
 mod fake;
+mod pool;
 mod serve;
 mod sglang;
 #[cfg(test)]
@@ -18,7 +21,8 @@ use futures::Stream;
 use futures::future::BoxFuture;
 
 pub use fake::{FakeEngine, FakeEngineConfig};
-pub use serve::generate_router;
+pub use pool::{EnginePool, MAX_AFFINITY_KEYS, POOL_ATTEMPTS};
+pub use serve::{GenerateServer, GenerateServerConfig, generate_router};
 pub use sglang::{SglangConfig, SglangEngine};
 
 /// How to sample one generation.
@@ -82,6 +86,10 @@ pub struct GenerateRequest {
     /// Image blocks of the conversation, exactly as the client sent them, in order; empty for text-only
     /// prompts. Only engines that declare [`InferenceEngine::supports_images`] receive any.
     pub images: Vec<serde_json::Value>,
+    /// An opaque key that groups requests which share a prefix (the proxy sends its session id), so that an
+    /// engine of several servers can send them to the same one and reuse its prefix cache; `None` has no
+    /// preference. Engines give it no other meaning.
+    pub affinity: Option<Arc<str>>,
 }
 
 /// One sampled token.
@@ -128,6 +136,46 @@ pub enum EngineEvent {
 
 /// A generation in progress. Dropping it aborts the generation.
 pub type TokenStream = Pin<Box<dyn Stream<Item = Result<EngineEvent, EngineError>> + Send>>;
+
+/// How a pause treats the generations in flight: SGLang's `/pause_generation` modes
+/// (`python/sglang/srt/managers/io_struct.py`, `PauseGenerationReqInput.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PauseMode {
+    /// Running generations end with an abort finish.
+    Abort,
+    /// Running generations are kept and their key/value cache is dropped, to be recomputed on continue.
+    #[default]
+    Retract,
+    /// Running generations are kept with their key/value cache; a cache flush fails until they finish.
+    InPlace,
+}
+
+impl PauseMode {
+    /// The name SGLang's wire uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Abort => "abort",
+            Self::Retract => "retract",
+            Self::InPlace => "in_place",
+        }
+    }
+
+    /// The mode `name` names on the wire (`abort`, `retract`, `in_place`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "abort" => Some(Self::Abort),
+            "retract" => Some(Self::Retract),
+            "in_place" => Some(Self::InPlace),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for PauseMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A request to load new weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,5 +254,19 @@ pub trait InferenceEngine: Send + Sync {
     /// Drops cached prefixes (after a weight update); unsupported unless an engine implements it.
     fn flush_cache(&self) -> BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(async { Err(EngineError::Unsupported("flush_cache")) })
+    }
+
+    /// Holds generation between two steps until [`InferenceEngine::resume`]: no token is sampled and no
+    /// request admitted, while weight updates are still taken, so tokens sampled after the resume carry the
+    /// new version. An engine that only holds its own work treats every `mode` alike (aborting is its
+    /// server's business); unsupported unless an engine implements it.
+    fn pause(&self, mode: PauseMode) -> BoxFuture<'_, Result<(), EngineError>> {
+        let _ = mode;
+        Box::pin(async { Err(EngineError::Unsupported("pause")) })
+    }
+
+    /// Lifts a [`InferenceEngine::pause`].
+    fn resume(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async { Err(EngineError::Unsupported("resume")) })
     }
 }

@@ -80,6 +80,8 @@ pub enum ApiErrorKind {
     Unprocessable,
     /// 429: admission control refused the request; `Retry-After` says when to try again.
     RateLimited,
+    /// 503: the proxy's preparation pool and its queue are full; `Retry-After` says when to try again.
+    Overloaded,
     /// 500: the engine or the proxy failed.
     Internal,
     /// 502: the upstream engine answered with an error.
@@ -102,6 +104,7 @@ impl ApiErrorKind {
             Self::Gone => StatusCode::GONE,
             Self::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Upstream => StatusCode::BAD_GATEWAY,
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -122,6 +125,7 @@ impl ApiErrorKind {
             Self::Gone => "gone",
             Self::Unprocessable => "unprocessable",
             Self::RateLimited => "rate_limited",
+            Self::Overloaded => "overloaded",
             Self::Internal => "internal",
             Self::Upstream => "upstream",
             Self::Timeout => "timeout",
@@ -140,7 +144,7 @@ impl ApiErrorKind {
             Self::PermissionDenied => "permission_error",
             Self::NotFound | Self::Gone => "not_found_error",
             Self::RateLimited => "rate_limit_error",
-            Self::Internal | Self::Upstream | Self::Timeout => "server_error",
+            Self::Internal | Self::Upstream | Self::Timeout | Self::Overloaded => "server_error",
         }
     }
 
@@ -156,6 +160,7 @@ impl ApiErrorKind {
             Self::NotFound => "not_found_error",
             Self::PayloadTooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",
+            Self::Overloaded => "overloaded_error",
             Self::Internal | Self::Upstream => "api_error",
             Self::Timeout | Self::RequestTimeout => "timeout_error",
         }
@@ -174,7 +179,7 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault, if one is.
     pub param: Option<String>,
-    /// Seconds after which a refused request may be retried (429 only).
+    /// Seconds after which a refused request may be retried (429 and 503 only).
     pub retry_after: Option<u64>,
     /// The protocol whose error body to answer with.
     pub protocol: Protocol,

@@ -522,6 +522,7 @@ impl Generation {
             input_ids: prepared.prompt.clone(),
             sampling: prepared.sampling.clone(),
             images: prepared.images.clone(),
+            affinity: Some(prepared.session.clone()),
         };
         let stream = shared.engine.generate(request);
         let format = if prepared.parse_tools {

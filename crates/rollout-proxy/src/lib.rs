@@ -19,6 +19,9 @@
 //!   `Arc<dyn InferenceEngine>`; then [`router`] for tests (no socket needed), or [`ProxyServer::start`] /
 //!   [`serve`] to listen without naming the HTTP stack, under [`ConnectionLimits`] (header, body, idle and
 //!   write timeouts, a body limit, a connection limit; [`serve_with`]).
+//! - Work: generation requests of 8 KiB or more are parsed, rendered and tokenised on a bounded pool of
+//!   blocking threads with admission ([`PoolLimits`]; a full pool answers 503 at once), never on the async
+//!   threads that answer `/health`, the control endpoints and running streams.
 //! - Bounds: request fields as the real APIs bound them (stop strings, `metadata`, `tools`, Responses
 //!   `text` and `reasoning`; each refusal a 400 naming the field), [`SessionLimits`] (sessions, tokens,
 //!   generations in flight per session, stored Responses bytes per session and in all), the tokenizer's
@@ -32,8 +35,9 @@
 //!   ([`HarnessSampling`]) decide each generation's temperature, top-p and top-k ([`sampling`]); the
 //!   values are recorded per interaction and exported per token, and [`SampledToken::logprob`] says what
 //!   every engine's log-probabilities are.
-//! - Engines: [`FakeEngine`] (deterministic, for tests and benches), [`SglangEngine`] (SGLang's native
-//!   `/generate`), and [`generate_router`], which serves any engine over SGLang's `/generate`.
+//! - Engines: [`FakeEngine`] (deterministic, for tests and benches), [`SglangEngine`] (a client of SGLang's
+//!   HTTP contract), [`EnginePool`] (several SGLang servers, with paused and confirmed weight updates), and
+//!   [`GenerateServer`] ([`generate_router`]), which serves any engine over SGLang's contract.
 //! - Reusable pieces: [`template::ChatTemplate`] (HF chat templates), [`tokenizer::Tokenizer`] and
 //!   [`tokenizer::IncrementalDecoder`], [`parse`] (reasoning, tool calls, stop strings).
 
@@ -48,6 +52,7 @@ pub mod messages;
 mod metrics;
 pub mod model;
 pub mod parse;
+mod pool;
 mod protocol;
 pub mod sampling;
 mod server;
@@ -59,13 +64,15 @@ mod trajectory;
 
 pub use connection::{BodyRefused, ConnectionLimits, serve_with};
 pub use engine::{
-    EngineError, EngineEvent, FakeEngine, FakeEngineConfig, FinishReason, GenerateRequest, InferenceEngine,
-    SampledToken, SamplingParams, SglangConfig, SglangEngine, TokenStream, WeightUpdate, generate_router,
+    EngineError, EngineEvent, EnginePool, FakeEngine, FakeEngineConfig, FinishReason, GenerateRequest,
+    GenerateServer, GenerateServerConfig, InferenceEngine, POOL_ATTEMPTS, PauseMode, SampledToken,
+    SamplingParams, SglangConfig, SglangEngine, TokenStream, WeightUpdate, generate_router,
 };
 pub use error::{ApiError, ApiErrorKind, Error, Protocol, Result};
 pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory};
 pub use model::ChatModel;
 pub use parse::{ReasoningFormat, ToolCallFormat};
+pub use pool::PoolLimits;
 pub use sampling::{HarnessSampling, SamplingDefaults};
 pub use server::{ProxyConfig, ProxyServer, ProxyState, SessionRewards, check_bind, router, serve};
 pub use session::SessionLimits;

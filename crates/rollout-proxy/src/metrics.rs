@@ -58,6 +58,7 @@ pub(crate) struct Metrics {
     stored_tokens: Gauge,
     reserved_tokens: Gauge,
     response_bytes: Gauge,
+    pool_held: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -72,6 +73,8 @@ pub(crate) struct Gauges {
     pub(crate) stored_tokens: u64,
     pub(crate) reserved_tokens: u64,
     pub(crate) response_bytes: usize,
+    /// Requests being prepared on the pool or waiting for a thread of it.
+    pub(crate) pool_held: usize,
 }
 
 impl Default for Metrics {
@@ -94,6 +97,7 @@ impl Default for Metrics {
             stored_tokens: Gauge::default(),
             reserved_tokens: Gauge::default(),
             response_bytes: Gauge::default(),
+            pool_held: Gauge::default(),
         };
         m.register();
         m
@@ -170,7 +174,7 @@ impl Metrics {
         for (name, help, counter) in counters {
             r.register(name, help, counter.clone());
         }
-        let gauges: [(&str, &str, &Gauge); 4] = [
+        let gauges: [(&str, &str, &Gauge); 5] = [
             (
                 "rollout_proxy_live_sessions",
                 "Sessions held (live or awaiting export)",
@@ -190,6 +194,11 @@ impl Metrics {
                 "rollout_proxy_stored_response_bytes",
                 "Bytes of JSON held in stored Responses answers",
                 &self.response_bytes,
+            ),
+            (
+                "rollout_proxy_pool_requests",
+                "Requests being parsed, rendered and tokenised on the pool, or waiting for it",
+                &self.pool_held,
             ),
         ];
         for (name, help, gauge) in gauges {
@@ -221,6 +230,7 @@ impl Metrics {
         self.stored_tokens.set(clamp(gauges.stored_tokens));
         self.reserved_tokens.set(clamp(gauges.reserved_tokens));
         self.response_bytes.set(clamp(gauges.response_bytes as u64));
+        self.pool_held.set(clamp(gauges.pool_held as u64));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("encoding into a String cannot fail");

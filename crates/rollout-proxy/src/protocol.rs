@@ -1,5 +1,10 @@
 //! The wire protocols served on the generation core, and what they share: reading a JSON body field by
 //! field with clear errors, and turning messages into the core's normalised form.
+//!
+//! Every generation handler goes through [`prepare_off_thread`]: the key is checked and the body read on
+//! the async threads, then everything that costs CPU in proportion to the body (parsing it, rendering the
+//! chat template, tokenising, admitting the generation) runs on the bounded pool of [`crate::pool`],
+//! unless the body is small enough that the hand-off would cost more than the work.
 
 pub(crate) mod anthropic;
 pub(crate) mod bounds;
@@ -8,8 +13,8 @@ pub(crate) mod responses;
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::http::HeaderMap;
-use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -17,8 +22,45 @@ use crate::error::ApiError;
 use crate::messages::normalize_messages;
 use crate::server::ProxyState;
 
-/// Parses a JSON object body; a body that is not JSON, or not an object, is 422 (as FastAPI answers).
-pub(crate) fn json_object(headers: &HeaderMap, body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+/// Checks the session key, reads the body, then parses it as a JSON object and hands it to `work` on the
+/// preparation pool (a full pool answers 503 at once, before the body is parsed).
+pub(crate) async fn prepare_off_thread<T, F>(
+    state: &ProxyState,
+    headers: &HeaderMap,
+    body: Body,
+    work: F,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&ProxyState, Arc<str>, Map<String, Value>) -> Result<T, ApiError> + Send + 'static,
+{
+    let session = session_of(state, headers)?;
+    json_content_type(headers)?;
+    let body = state.read_body(body).await?;
+    // A small body is prepared in well under a millisecond, less than the hand-off to a thread costs; its
+    // work stays on the async thread, between two awaits.
+    if body.len() < INLINE_BODY_BYTES {
+        return work(state, session, parse_object(&body)?);
+    }
+    let owned = state.clone();
+    state
+        .shared()
+        .pool
+        .run(move || {
+            let map = parse_object(&body)?;
+            // The body's bytes are no longer needed once parsed; free them before the long part.
+            drop(body);
+            work(&owned, session, map)
+        })
+        .await
+}
+
+/// Bodies below this many bytes are prepared on the async thread that read them (see
+/// [`prepare_off_thread`]); larger ones on the pool.
+pub(crate) const INLINE_BODY_BYTES: usize = 8 * 1024;
+
+/// A `Content-Type` that is not JSON is 422 (as FastAPI answers); none at all is taken as JSON.
+fn json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     if let Some(ct) = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -28,6 +70,11 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &Bytes) -> Result<Map<Strin
             "Content-Type must be application/json, got {ct:?}"
         )));
     }
+    Ok(())
+}
+
+/// Parses a JSON object body; a body that is not JSON, or not an object, is 422 (as FastAPI answers).
+pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(ApiError::unprocessable("the request body must be a JSON object")),

@@ -31,6 +31,7 @@ use crate::messages::{Preprocessor, preprocessor};
 use crate::metrics::{Gauges, Metrics};
 use crate::model::ChatModel;
 use crate::parse::{ReasoningFormat, ToolCallFormat};
+use crate::pool::{PoolLimits, WorkPool};
 use crate::protocol;
 use crate::sampling::{HarnessSampling, SamplingDefaults};
 use crate::session::{SessionLimits, SessionStore};
@@ -70,6 +71,8 @@ pub struct ProxyConfig {
     pub connection: ConnectionLimits,
     /// What becomes of rewards a session sets on its own interactions with its key.
     pub session_rewards: SessionRewards,
+    /// The threads that parse, render and tokenise generation requests, and how many may wait for one.
+    pub pool: PoolLimits,
 }
 
 /// What becomes of a reward a session sets with its own key (`POST /rl/set_reward`): the reference
@@ -101,6 +104,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("harness_sampling", &self.harness_sampling)
             .field("connection", &self.connection)
             .field("session_rewards", &self.session_rewards)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +129,7 @@ impl ProxyConfig {
             harness_sampling: HarnessSampling::Honour,
             connection: ConnectionLimits::default(),
             session_rewards: SessionRewards::Honour,
+            pool: PoolLimits::default(),
         }
     }
 }
@@ -137,6 +142,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     pub(crate) gateway_key: SecretString,
     pub(crate) preprocessors: Vec<Arc<dyn Preprocessor>>,
+    pub(crate) pool: WorkPool,
     model_name: String,
 }
 
@@ -176,6 +182,7 @@ impl ProxyState {
         }
         config.sampling.validate()?;
         config.connection.validate().map_err(Error::Config)?;
+        config.pool.validate().map_err(Error::Config)?;
         if config.admin_key.expose_secret().is_empty() {
             return Err(Error::Config("the admin key must not be empty".into()));
         }
@@ -189,6 +196,7 @@ impl ProxyState {
         Ok(Self {
             shared: Arc::new(Shared {
                 gateway_key: auth::gateway_key(&config.admin_key),
+                pool: WorkPool::new(config.pool.clone()),
                 config,
                 model,
                 engine,
@@ -369,6 +377,7 @@ impl ProxyState {
             stored_tokens: store.stored_tokens(),
             reserved_tokens: store.reserved_tokens(),
             response_bytes: store.response_bytes(),
+            pool_held: self.shared.pool.held(),
         }
     }
 }

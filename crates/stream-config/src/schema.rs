@@ -20,6 +20,7 @@ pub use seconds::Seconds;
 use crate::env::Env;
 use crate::error::{Collector, Problem};
 use crate::path::KeyPath;
+use crate::stream::StreamConfig;
 
 /// A whole run config.
 ///
@@ -408,6 +409,12 @@ pub struct DatasetConfig {
     pub shuffle: bool,
     /// Drop the last incomplete batch.
     pub drop_last: bool,
+    /// `valid_dataset` only: the names of configured streams whose rows are held out for evaluation. Those
+    /// streams are resolved like the others, but their rows are never trained on, and every evaluation rolls
+    /// out the first `batch_size` of them. Empty (the default) evaluates on the first batch of the training
+    /// rows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<String>,
 }
 
 impl Default for DatasetConfig {
@@ -416,7 +423,35 @@ impl Default for DatasetConfig {
             batch_size: 1,
             shuffle: true,
             drop_last: true,
+            streams: Vec::new(),
         }
+    }
+}
+
+/// Checks `valid_dataset.streams` against the configured streams: each name is one of them, named once, and
+/// at least one stream is left to train on.
+fn check_eval_streams(names: &[String], streams: &[StreamConfig], path: &KeyPath, c: &mut Collector) {
+    let path = path.key("streams");
+    let configured: Vec<&str> = streams.iter().map(|s| s.name.as_str()).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for name in names {
+        if !configured.contains(&name.as_str()) {
+            c.push(
+                path.clone(),
+                format!(
+                    "{name:?} is not a configured stream (the streams are {})",
+                    configured.join(", ")
+                ),
+            );
+        } else if !seen.insert(name.as_str()) {
+            c.push(path.clone(), format!("names {name:?} twice"));
+        }
+    }
+    if !names.is_empty() && configured.iter().all(|n| names.iter().any(|e| e == n)) {
+        c.push(
+            path,
+            "holds out every configured stream, which leaves none to train on",
+        );
     }
 }
 
@@ -557,8 +592,19 @@ impl RunConfig {
 
         self.econfig
             .validate(&root.key("econfig"), self.train_dataset.batch_size, &mut c);
+        if !self.train_dataset.streams.is_empty() {
+            c.push(
+                root.key("train_dataset").key("streams"),
+                "is for valid_dataset only: training uses every stream not held out for evaluation",
+            );
+        }
         if self.econfig.dataset_source == DatasetSource::Arena {
-            let (_, problems) = crate::stream::collect_streams(&self.econfig, env);
+            let (streams, problems) = crate::stream::collect_streams(&self.econfig, env);
+            if problems.is_empty()
+                && let Some(valid) = &self.valid_dataset
+            {
+                check_eval_streams(&valid.streams, &streams, &root.key("valid_dataset"), &mut c);
+            }
             c.extend(problems);
         }
         c.into_problems()

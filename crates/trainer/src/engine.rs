@@ -9,7 +9,8 @@
 //! Commands (submit, weight swap, scoring) are handled between steps, so a swap never interrupts a step and
 //! never drops a sequence.
 //! A decode-step budget ([`Command::Budget`]) makes the loop hold between steps, still handling commands,
-//! so a caller can place a swap after an exact number of tokens.
+//! so a caller can place a swap after an exact number of tokens; a pause ([`Command::Pause`]) holds it the
+//! same way until it is lifted, so a weight update lands while nothing decodes.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ pub(crate) enum Command {
     /// At most this many more decode steps, then hold (no admission, no decoding) until the next budget;
     /// `None` lifts the limit.
     Budget(Option<u64>),
+    /// Hold between steps (`true`) until lifted (`false`), independently of the budget.
+    Pause(bool),
 }
 
 /// State shared between the handle and the engine thread.
@@ -71,6 +74,8 @@ pub(crate) struct Engine<B: Backend> {
     pending: VecDeque<(GenerationRequest, mpsc::UnboundedSender<GenerationEvent>)>,
     /// Decode steps left before the loop holds; `None` is no limit.
     budget: Option<u64>,
+    /// Whether a pause holds the loop between steps.
+    paused: bool,
 }
 
 impl<B: Backend> Engine<B> {
@@ -92,6 +97,7 @@ impl<B: Backend> Engine<B> {
             cache: None,
             pending: VecDeque::new(),
             budget: None,
+            paused: false,
         }
     }
 
@@ -113,6 +119,7 @@ impl<B: Backend> Engine<B> {
                     }
                     // Nobody is left to lift the hold: finish the work that is in flight.
                     self.budget = None;
+                    self.paused = false;
                 }
                 if self.held() {
                     self.publish_active();
@@ -138,9 +145,9 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Whether a spent decode-step budget holds the loop between steps.
+    /// Whether a spent decode-step budget or a pause holds the loop between steps.
     fn held(&self) -> bool {
-        self.budget == Some(0)
+        self.budget == Some(0) || self.paused
     }
 
     fn publish_active(&self) {
@@ -179,6 +186,7 @@ impl<B: Backend> Engine<B> {
                 let _ = reply.send(Ok(self.score(&tokens)));
             }
             Command::Budget(steps) => self.budget = steps,
+            Command::Pause(paused) => self.paused = paused,
         }
     }
 

@@ -289,6 +289,19 @@ impl Policy {
         self.send(Command::Budget(steps))
     }
 
+    /// Holds the engine between two decoding steps until [`Policy::resume`]: no request is admitted and no
+    /// token sampled, while weight swaps and scoring are still handled, so the tokens sequences in flight
+    /// sample after the resume carry the swapped-in version. Independent of [`Policy::limit_decode_steps`];
+    /// dropping every handle lifts it.
+    pub fn pause(&self) -> Result<()> {
+        self.send(Command::Pause(true))
+    }
+
+    /// Lifts a [`Policy::pause`].
+    pub fn resume(&self) -> Result<()> {
+        self.send(Command::Pause(false))
+    }
+
     /// Per-position logits of `input_ids` under the current weights (run between decoding steps).
     /// Blocks the thread; from async code use [`Policy::score_async`].
     pub fn score(&self, input_ids: &[u32]) -> Result<Logits> {

@@ -81,6 +81,10 @@ async fn serve(args: Args) -> Result<()> {
         Some(("sglang", url)) => {
             let mut config = SglangConfig::new(url);
             config.max_context_len = args.max_context_len;
+            config.api_key = std::env::var(arena_rl::run::settings::POLICY_API_KEY_ENV)
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(SecretString::from);
             Arc::new(
                 SglangEngine::connect(config)
                     .await

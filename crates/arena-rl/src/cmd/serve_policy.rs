@@ -1,7 +1,11 @@
-//! `arena-rl serve-policy --model DIR --host H --port P`: serves the burn policy over SGLang's `/generate`
-//! protocol (`rollout_proxy::generate_router`), with weight updates from disk (`/update_weights_from_disk`),
-//! for runs whose proxy reaches policies on other nodes through `rollout.policy_servers`. Runs until SIGTERM
-//! or Ctrl-C.
+//! `arena-rl serve-policy --model DIR --host H --port P`: serves the burn policy over SGLang's HTTP protocol
+//! (`rollout_proxy::GenerateServer`, which follows SGLang's contract: cumulative streams unless
+//! `--incremental-streaming-output`, string weight versions, pause and continue around updates from disk),
+//! for runs whose proxy reaches policies on other nodes through `rollout.policy_servers`.
+//!
+//! It listens before it loads the model, answering `/health` with 503 until the model is in memory, as a
+//! starting SGLang server does. The API key (SGLang's `--api-key`) comes from the environment variable
+//! `ARENA_RL_POLICY_API_KEY`, never from the command line. Runs until SIGTERM or Ctrl-C.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -9,7 +13,9 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use arena_rl::engine::PolicyEngine;
-use rollout_proxy::{InferenceEngine, ProxyServer, generate_router};
+use arena_rl::run::settings::POLICY_API_KEY_ENV;
+use rollout_proxy::{GenerateServer, GenerateServerConfig, InferenceEngine, ProxyServer};
+use secrecy::SecretString;
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -32,6 +38,14 @@ pub(crate) struct Args {
     /// checkpoints ship in).
     #[arg(long, default_value = "f32")]
     dtype: trainer::InferenceDtype,
+    /// Stream only the new tokens in each `/generate` chunk (SGLang's `--incremental-streaming-output`);
+    /// chunks are cumulative otherwise, SGLang's default.
+    #[arg(long)]
+    incremental_streaming_output: bool,
+    /// The context length to serve and report in `/get_server_info` (SGLang's `--context-length`); by
+    /// default the model's `max_position_embeddings` is in force and `/get_server_info` reports null.
+    #[arg(long)]
+    context_length: Option<usize>,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
@@ -47,20 +61,52 @@ pub(crate) fn run(args: Args) -> Result<()> {
         args.dtype
             .check_on(args.device)
             .with_context(|| format!("--dtype {} on --device {}", args.dtype, args.device))?;
-        let engine = PolicyEngine::load_as(&args.model, args.max_batch, args.device, args.dtype)?;
-        let engine: Arc<dyn InferenceEngine> = Arc::new(engine);
+        let api_key = std::env::var(POLICY_API_KEY_ENV)
+            .ok()
+            .filter(|k| !k.is_empty())
+            .map(SecretString::from);
+        if api_key.is_none() && !args.host.is_loopback() {
+            tracing::warn!(
+                host = %args.host,
+                "serving on a non-loopback address without {POLICY_API_KEY_ENV}: anyone who reaches the port \
+                 can generate, pause, or load weights from any path"
+            );
+        }
+        let server = GenerateServer::new(GenerateServerConfig {
+            incremental_streaming_output: args.incremental_streaming_output,
+            api_key,
+            context_length: args.context_length,
+            ..GenerateServerConfig::default()
+        });
         let addr = SocketAddr::new(args.host, args.port);
-        let server = ProxyServer::serve_router(addr, generate_router(engine))
+        let listening = ProxyServer::serve_router(addr, server.router())
             .await
             .with_context(|| format!("cannot listen on {addr} (--host, --port); is the port taken?"))?;
-        println!("policy server listening on http://{}", server.local_addr());
+        println!(
+            "policy server listening on http://{} (loading the model)",
+            listening.local_addr()
+        );
+        let (model, max_batch, device, dtype) = (args.model.clone(), args.max_batch, args.device, args.dtype);
+        let engine =
+            tokio::task::spawn_blocking(move || PolicyEngine::load_as(&model, max_batch, device, dtype))
+                .await
+                .context("loading the policy")??;
+        let engine: Arc<dyn InferenceEngine> = Arc::new(engine);
+        server.install(engine);
+        say("policy server ready: the model is loaded");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("listening for SIGTERM")?;
         tokio::select! {
             r = tokio::signal::ctrl_c() => r.context("listening for Ctrl-C")?,
             _ = term.recv() => {}
         }
-        server.shutdown().await?;
+        listening.shutdown().await?;
         Ok(())
     })
+}
+
+fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }

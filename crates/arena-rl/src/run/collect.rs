@@ -91,14 +91,25 @@ impl Run {
         )
     }
 
-    /// The rows each evaluation rolls out: the first batch of `valid_dataset` (one row without it).
+    /// The rows evaluations draw from: the held-out streams' rows (`valid_dataset.streams`), else the
+    /// training rows.
+    fn eval_pool(&self) -> &[PromptRow] {
+        if self.eval_rows.is_empty() {
+            &self.rows
+        } else {
+            &self.eval_rows
+        }
+    }
+
+    /// The rows each evaluation rolls out: the first `valid_dataset.batch_size` of [`Run::eval_pool`] (one
+    /// row without it).
     fn eval_cursor(&self) -> RowCursor {
         let (batch, drop_last) = self
             .config
             .valid_dataset
             .as_ref()
             .map_or((1, true), |d| (d.batch_size as usize, d.drop_last));
-        RowCursor::new(self.rows.len(), batch, false, drop_last, 0)
+        RowCursor::new(self.eval_pool().len(), batch, false, drop_last, 0)
     }
 
     /// Runs every group of step `step` (samples already journaled are reused). A training step whose batch
@@ -112,11 +123,11 @@ impl Run {
         done: &BTreeMap<SampleKey, RolloutRecord>,
     ) -> Result<Collected> {
         let started = Instant::now();
-        let (cursor, cursor_step) = match scope {
-            Scope::EvalRollout => (self.eval_cursor(), 0),
-            Scope::Rollout => (self.train_cursor(), step),
+        let (cursor, cursor_step, pool) = match scope {
+            Scope::EvalRollout => (self.eval_cursor(), 0, self.eval_pool()),
+            Scope::Rollout => (self.train_cursor(), step, self.rows.as_slice()),
         };
-        let rows = cursor.step_rows(&self.rows, cursor_step);
+        let rows = cursor.step_rows(pool, cursor_step);
         let scheduled = rows.len();
         let label = if scope == Scope::EvalRollout {
             "eval"

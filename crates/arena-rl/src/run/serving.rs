@@ -5,13 +5,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rollout_proxy::{
-    ChatModel, FakeEngine, FakeEngineConfig, InferenceEngine, SglangConfig, SglangEngine, WeightUpdate,
+    ChatModel, EnginePool, FakeEngine, FakeEngineConfig, InferenceEngine, SglangEngine, WeightUpdate,
 };
-use stream_config::{ModelEngine, RunConfig};
+use stream_config::{Env, ModelEngine, RunConfig};
 
 use crate::engine::PolicyEngine;
 use crate::error::{Context as _, Error, Result};
-use crate::pool::EnginePool;
 use crate::train::NewWeights;
 
 /// The engine that serves rollouts, and how new weights reach it.
@@ -55,17 +54,25 @@ impl EngineHandle {
 }
 
 /// The engine the config asks for: policy servers (`rollout.policy_servers`), else `model.engine`.
-pub(crate) async fn build_engine(config: &RunConfig, model: &ChatModel, dir: &Path) -> Result<EngineHandle> {
+pub(crate) async fn build_engine(
+    config: &RunConfig,
+    env: &Env,
+    model: &ChatModel,
+    dir: &Path,
+) -> Result<EngineHandle> {
     if !config.rollout.policy_servers.is_empty() {
-        let mut engines: Vec<Arc<dyn InferenceEngine>> = Vec::new();
+        let mut engines: Vec<(String, Arc<dyn InferenceEngine>)> = Vec::new();
+        let mut pause_mode = rollout_proxy::PauseMode::default();
         for url in &config.rollout.policy_servers {
-            let engine = SglangEngine::connect(SglangConfig::new(url.clone()))
+            let server = super::settings::policy_server_config(config, env, url)?;
+            pause_mode = server.pause_mode;
+            let engine = SglangEngine::connect(server)
                 .await
                 .with_context(|| format!("cannot reach the policy server {url} (rollout.policy_servers)"))?;
-            engines.push(Arc::new(engine));
+            engines.push((url.clone(), Arc::new(engine)));
         }
         return Ok(EngineHandle {
-            engine: Arc::new(EnginePool::new(engines)),
+            engine: Arc::new(EnginePool::new(engines, pause_mode)),
             policy: None,
         });
     }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use arena_client::{ClientConfig, RegistryOptions, RetryPolicy};
 use reward_routing::{GroupSettings, RewardConfig};
 use rollout_proxy::{
-    ConnectionLimits, ProxyConfig, ReasoningFormat, SessionLimits, SessionRewards, ToolCallFormat,
+    ConnectionLimits, PauseMode, PoolLimits, ProxyConfig, ReasoningFormat, SessionLimits, SessionRewards,
+    SglangConfig, ToolCallFormat,
 };
 use secrecy::SecretString;
 use stream_config::{Env, RunConfig};
@@ -46,6 +47,28 @@ pub fn client_config(config: &RunConfig, env: &Env) -> Result<ClientConfig> {
     Ok(client)
 }
 
+/// The environment variable that holds the policy servers' `--api-key` (both `serve-policy` and the run's
+/// client read it; never a command-line argument).
+pub const POLICY_API_KEY_ENV: &str = "ARENA_RL_POLICY_API_KEY";
+
+/// The client of the policy server at `url` (`rollout.policy_servers`): its pause mode and readiness
+/// bound from the rollout section, its API key from [`POLICY_API_KEY_ENV`].
+pub fn policy_server_config(config: &RunConfig, env: &Env, url: &str) -> Result<SglangConfig> {
+    let mode = &config.rollout.policy_server_pause_mode;
+    let mut server = SglangConfig::new(url);
+    server.pause_mode = PauseMode::parse(mode).ok_or_else(|| {
+        Error::Invalid(format!(
+            "rollout.policy_server_pause_mode {mode:?} is not one of abort, retract, in_place"
+        ))
+    })?;
+    server.ready_timeout = Some(config.rollout.policy_server_ready_timeout_seconds.duration());
+    server.api_key = env
+        .get(POLICY_API_KEY_ENV)
+        .filter(|k| !k.is_empty())
+        .map(|k| SecretString::from(k.to_string()));
+    Ok(server)
+}
+
 /// The deadline of each route registration, probe and deletion (`econfig.arena_registration_timeout`).
 pub fn registration_timeout(config: &RunConfig) -> Duration {
     config.econfig.arena_registration_timeout.duration()
@@ -61,8 +84,8 @@ pub fn registry_options(config: &RunConfig) -> Result<RegistryOptions> {
     Ok(options)
 }
 
-/// The rollout proxy: parsers, preprocessors, session and connection limits (`proxy.*`), export wait and
-/// default output budget; rewards a session sets on itself are dropped.
+/// The rollout proxy: parsers, preprocessors, session and connection limits and its preparation pool
+/// (`proxy.*`), export wait and default output budget; rewards a session sets on itself are dropped.
 pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig {
     let mut proxy = ProxyConfig::new(admin_key);
     proxy.tool_calls = match config.proxy.tool_call_parser {
@@ -92,6 +115,12 @@ pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig 
         write_timeout: p.write_timeout_seconds.duration(),
         max_body_bytes: usize::try_from(p.max_body_bytes).unwrap_or(usize::MAX),
         max_connections: p.max_connections as usize,
+    };
+    proxy.pool = PoolLimits {
+        threads: p
+            .pool_threads
+            .map_or_else(|| PoolLimits::default().threads, |n| n as usize),
+        queue: p.pool_queue as usize,
     };
     proxy.export_wait_timeout = config.proxy.export_wait_timeout_seconds.duration();
     // The reward that trains, and that rollouts.jsonl reports, is Arena's; a session's key is in the

@@ -81,6 +81,9 @@ pub struct Run {
     pub engine: EngineHandle,
     /// The worker's prompt rows, mixed.
     pub rows: Vec<PromptRow>,
+    /// The worker's held-out evaluation rows (`valid_dataset.streams`), mixed; empty when evaluation uses
+    /// the first batch of `rows`.
+    pub eval_rows: Vec<PromptRow>,
     /// What the journal held at start.
     pub replay: JournalState,
     /// The proxy server.
@@ -137,13 +140,13 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
     let (cleaned, resume_keys) =
         super::leftovers::clean_leftovers(&client, &journal, &replay, &config, &paths).await?;
     let healthy = healthy_streams(&client, &config, env).await?;
-    let rows = worker_rows(&client, &healthy, &config).await?;
+    let (rows, eval_rows) = worker_rows(&client, &healthy, &config).await?;
     let model = Arc::new(
         ChatModel::from_dir(&dir).with_context(|| format!("loading the model folder {}", dir.display()))?,
     );
     let engine = match engine {
         Some(e) => e,
-        None => build_engine(&config, &model, &dir).await?,
+        None => build_engine(&config, env, &model, &dir).await?,
     };
     let proxy = start_proxy(&config, env, model, &engine).await?;
     let (routing, gateway_key) = route_setup(&config, env, &client, &journal, &proxy.state)?;
@@ -190,6 +193,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         workflow,
         engine,
         rows,
+        eval_rows,
         replay,
         proxy: proxy.server,
         reward,
@@ -251,20 +255,48 @@ fn arena_error(e: Error) -> arena_client::Error {
     }
 }
 
-/// Downloads, mixes and shards the streams' rows; a worker needs at least one batch.
+/// Downloads, mixes and shards the streams' rows: the training rows, of which a worker needs at least one
+/// batch, and the rows of the streams `valid_dataset.streams` holds out for evaluation (mixed by weight
+/// among themselves, all of them once).
 async fn worker_rows(
     client: &ArenaClient,
     healthy: &[ResolvedStream],
     config: &RunConfig,
-) -> Result<Vec<PromptRow>> {
+) -> Result<(Vec<PromptRow>, Vec<PromptRow>)> {
     let batch_size = config.train_dataset.batch_size as usize;
     let worker = (
         config.rollout.worker_index as usize,
         config.rollout.n_workers as usize,
     );
+    let held_out: &[String] = config.valid_dataset.as_ref().map_or(&[], |v| &v.streams);
+    let (eval, train): (Vec<ResolvedStream>, Vec<ResolvedStream>) = healthy
+        .iter()
+        .cloned()
+        .partition(|s| held_out.contains(&s.config.name));
+    if train.is_empty() {
+        return Err(Error::Invalid(
+            "every healthy stream is held out for evaluation by valid_dataset.streams; none is left to train on"
+                .into(),
+        ));
+    }
+    let eval_rows = if held_out.is_empty() {
+        Vec::new()
+    } else {
+        if eval.is_empty() {
+            return Err(Error::Invalid(format!(
+                "valid_dataset.streams [{}]: Arena refused every held-out stream, so nothing is left to \
+                 evaluate on (see the warnings above)",
+                held_out.join(", ")
+            )));
+        }
+        let eval_batch = config.valid_dataset.as_ref().map_or(1, |v| v.batch_size as usize);
+        load_rows(client, &eval, 0, eval_batch, worker)
+            .await
+            .context("valid_dataset.streams")?
+    };
     let rows = load_rows(
         client,
-        healthy,
+        &train,
         config.econfig.arena_mixture_epoch_size,
         batch_size,
         worker,
@@ -290,7 +322,7 @@ async fn worker_rows(
             "drop_last will omit {tail} tail rows of every epoch"
         );
     }
-    Ok(rows)
+    Ok((rows, eval_rows))
 }
 
 /// Starts the proxy in-process on `proxy.host:proxy.port` with the engine.

@@ -9,5 +9,6 @@ mod model;
 mod preflight;
 mod proxy;
 mod quickstart;
+mod serve_policy;
 mod smollm2;
 mod support;

@@ -18,7 +18,7 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn tiny_model(dir: &Path) -> Weights {
+pub(crate) fn tiny_model(dir: &Path) -> Weights {
     let mut config = ModelConfig::new(Architecture::Qwen3, 40, 16, 24, 1, 2, 1);
     config.head_dim = 8;
     let weights = Weights::from_model(&CausalLm::<Cpu>::init(&config, 0.3, 3, &Default::default()));

@@ -206,7 +206,8 @@ async fn a_run_s_proxy_never_exports_a_reward_a_session_sets_itself() {
         "run.yaml",
         "experiment_name: e\ntrial_name: t\nproxy:\n  header_read_timeout_seconds: 1\n  body_read_timeout_seconds: 2\n  \
          idle_timeout_seconds: 3\n  write_timeout_seconds: 4\n  max_body_bytes: 5\n  max_connections: 6\n  \
-         max_generations_per_session: 7\n  max_response_bytes_per_session: 8\n  max_response_bytes: 9\n",
+         max_generations_per_session: 7\n  max_response_bytes_per_session: 8\n  max_response_bytes: 9\n  \
+         pool_threads: 10\n  pool_queue: 11\n",
         &[],
         &stream_config::Env::default(),
     )
@@ -232,6 +233,14 @@ async fn a_run_s_proxy_never_exports_a_reward_a_session_sets_itself() {
         ),
         (7, 8, 9)
     );
+    assert_eq!(
+        tuned.pool,
+        rollout_proxy::PoolLimits {
+            threads: 10,
+            queue: 11
+        }
+    );
+    assert_eq!(proxy_config.pool, rollout_proxy::PoolLimits::default());
     let model = Arc::new(ChatModel::from_dir(model).expect("SmolLM2 loads"));
     let engine = Arc::new(FakeEngine::new(FakeEngineConfig {
         eos_token: model.stop_token_ids.first().copied(),

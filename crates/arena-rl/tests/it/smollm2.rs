@@ -31,6 +31,8 @@ async fn smollm2_answers_sums_and_trains_two_grpo_steps_through_the_whole_loop()
         "gconfig.n_samples=4".to_string(),
         "rollout.max_oversample_factor=1".to_string(),
         "checkpoint.save_every=0".to_string(),
+        "valid_dataset.batch_size=2".to_string(),
+        "eval_every=2".to_string(),
     ];
     let config = stream_config::load_run_config_str("smollm2.yaml", &text, &overrides, &env()).unwrap();
     let run_dir = RunPaths::of(&config).run_dir;
@@ -76,6 +78,24 @@ async fn smollm2_answers_sums_and_trains_two_grpo_steps_through_the_whole_loop()
     if let Some(d) = drift {
         assert!(d < 1e-3, "drift {d}");
     }
+    // The evaluation after step 2 rolled out held-out rows only, and training never saw one.
+    let eval = steps[1]["eval-rollout/reward"].as_f64();
+    eprintln!("held-out evaluation after step 2: eval-rollout/reward {eval:?}");
+    assert!(eval.is_some_and(|r| (0.0..=1.0).contains(&r)), "{metrics}");
+    // Rows are `<stream>-row-<n>`: 2 steps x 2 rows x 4 samples trained, 2 rows x 4 samples evaluated.
+    let launched = |prefix: &str| {
+        sim.requests_to(arena_sim::Endpoint::LaunchOneTask)
+            .iter()
+            .filter(|r| {
+                r.body
+                    .as_ref()
+                    .and_then(|b| b["data_id"].as_str())
+                    .is_some_and(|id| id.starts_with(prefix))
+            })
+            .count()
+    };
+    assert_eq!(launched("sim-sums-row-"), 16, "training launches");
+    assert_eq!(launched("sim-sums-eval-row-"), 8, "held-out evaluation launches");
     let c = sim.counters();
     assert_eq!(c.live_routes, 0, "{c:?}");
     assert_eq!(c.registrations, 1, "one session-gateway route for the run");

@@ -5,16 +5,26 @@
 //!
 //! - closeness: `c = max(0, 1 - |answer - target| / 3)` for the last integer in the reply, 0 without one;
 //! - form: the full `c` when the reply is the number alone (whitespace and one trailing period allowed),
-//!   half of it when the number comes inside other text ("The answer is 85.").
+//!   [`IN_TEXT_CREDIT`] (3/4) of it when the number comes inside other text ("The answer is 85.").
 //!
 //! So an exact bare answer scores 1, an exact answer inside a sentence ("7 + 5 = 12.", the untrained
-//! model's habit) 0.5, and an answer off by one 2/3 (bare) or 1/3. The span is narrow so that no constant
+//! model's habit) 0.75, and an answer off by one 2/3 (bare) or 1/2. The span is narrow so that no constant
 //! pays: always answering the likeliest sum, 10, scores about 0.30.
+//!
+//! The scale was fixed against the untrained model before any RL setting was tuned. Sampled at temperature
+//! 0.7 with at most 16 new tokens, SmolLM2-135M-Instruct ends its reply with the right sum about 31% of the
+//! time, almost always inside a sentence (5% of replies are a bare number), and rambles off the question
+//! in about half. Half credit in text put its mean at 0.18, under the 0.2 to 0.6 a task needs to give GRPO
+//! signal both ways; three quarters puts it at about 0.27, and leaves a quarter of each right answer to be
+//! earned by answering with the number alone.
 
 use super::Grade;
 
 /// Answers this far or further from the target score 0.
 pub const CLOSENESS_SPAN: f64 = 3.0;
+
+/// The share of the closeness credit an answer earns when the number comes inside other text.
+pub const IN_TEXT_CREDIT: f64 = 0.75;
 
 /// The two operands of the task whose digits are `digits`: the first two nonzero digits, each 1 to 9 (a
 /// zero becomes 9), so every sum is 2 to 18.
@@ -37,7 +47,11 @@ pub fn grade(target: u32, final_answer: Option<&str>) -> Grade {
         Some(a) => {
             let closeness = (1.0 - f64::from(a.abs_diff(target)) / CLOSENESS_SPAN).max(0.0);
             let bare = text.trim_end_matches('.').trim().parse::<u32>().ok() == Some(a);
-            if bare { closeness } else { closeness / 2.0 }
+            if bare {
+                closeness
+            } else {
+                closeness * IN_TEXT_CREDIT
+            }
         }
         None => 0.0,
     };

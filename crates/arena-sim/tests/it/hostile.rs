@@ -1,15 +1,18 @@
 //! Hostile connections against the sim over raw loopback TCP: heads that never finish, idle keep-alives,
-//! trickled and oversized bodies and more connections than the limit; each time the sim still serves
-//! afterwards.
+//! trickled and oversized bodies, more connections than the limit, and a forwarded stream the client stops
+//! reading; each time the sim still serves afterwards.
 
 use std::time::Duration;
 
 use arena_sim::{ArenaSim, ConnectionLimits};
+use rollout_proxy::FakeEngineConfig;
+use secrecy::ExposeSecret;
+use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
 
-use crate::support::{LLM_KEY, TOKEN, world};
+use crate::support::{LLM_KEY, Proxy, TOKEN, http, register, world};
 
 /// Small limits, so that each test takes about a second.
 fn limits() -> ConnectionLimits {
@@ -19,6 +22,7 @@ fn limits() -> ConnectionLimits {
         idle_timeout: Duration::from_millis(600),
         max_body_bytes: 4096,
         max_connections: 64,
+        write_timeout: Duration::from_millis(500),
     }
 }
 
@@ -236,4 +240,123 @@ async fn over_the_connection_limit_a_connection_is_refused_and_a_freed_slot_serv
     timeout(SLACK, sim.shutdown())
         .await
         .expect("shuts down with an idle keep-alive open");
+}
+
+/// A gauge or counter of the proxy's `/metrics`.
+async fn proxy_metric(proxy: &Proxy, name: &str) -> f64 {
+    let text = http()
+        .get(format!("{}/metrics", proxy.url()))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics:\n{text}"))
+}
+
+/// Polls a proxy metric until `done` holds of it; panics at `within`.
+async fn proxy_metric_until(
+    proxy: &Proxy,
+    name: &str,
+    within: Duration,
+    done: impl Fn(f64) -> bool,
+) -> Instant {
+    let until = Instant::now() + within;
+    loop {
+        let value = proxy_metric(proxy, name).await;
+        if done(value) {
+            return Instant::now();
+        }
+        assert!(Instant::now() < until, "{name} stayed at {value} for {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_forwarded_stream_the_client_stops_reading_is_closed_at_the_write_timeout() {
+    // A token a millisecond for 100,000 tokens: the stream would run for minutes if it were not closed.
+    let proxy = Proxy::with_engine(FakeEngineConfig {
+        token_latency: Duration::from_millis(1),
+        output_len: 100_000,
+        max_context_len: 200_000,
+        ..FakeEngineConfig::default()
+    })
+    .await;
+    let write_timeout = limits().write_timeout;
+    // A small send buffer on the sim's side too (accepted connections inherit the listener's), so that a
+    // few hundred frames fill it whatever the kernel's autotuning would grow it to.
+    let listener = TcpSocket::new_v4().expect("a socket");
+    listener.set_send_buffer_size(4096).expect("a small send buffer");
+    listener
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("binds");
+    let sim = ArenaSim::builder(world())
+        .listener(listener.listen(64).expect("listens"))
+        .connection_limits(limits())
+        .start()
+        .await
+        .expect("sim starts");
+    let gateway_key = proxy.state.gateway_key();
+    register(
+        &sim,
+        "stalled-chat",
+        &proxy.url(),
+        gateway_key.expose_secret(),
+        &["chat"],
+    )
+    .await;
+    let (session, _key) = proxy.session("stall").await;
+    let token = proxy.state.session_token(&session);
+
+    // A client with a small receive buffer that sends a streamed request and never reads.
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut stream = socket.connect(sim.addr()).await.expect("connects");
+    let body = json!({"model": "stalled-chat", "stream": true,
+                      "messages": [{"role": "user", "content": "Talk."}]})
+    .to_string();
+    let request = format!(
+        "POST /api/v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {LLM_KEY}\r\n\
+         x-session-id: {session}\r\nx-session-token: {}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        token.expose_secret(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("sends");
+    let started = Instant::now();
+    proxy_metric_until(&proxy, "rollout_proxy_reserved_tokens", SLACK, |v| v > 0.0).await;
+    // The sim's write stalls, it closes the client's connection and drops the upstream stream with it:
+    // the proxy's generation ends unfinished and its reservation is released, long before the proxy's own
+    // write timeout (60 s) or the stream's end.
+    let released = proxy_metric_until(
+        &proxy,
+        "rollout_proxy_reserved_tokens",
+        write_timeout + 4 * SLACK,
+        |v| v == 0.0,
+    )
+    .await;
+    assert!(
+        released - started >= write_timeout,
+        "released after {:?}",
+        released - started
+    );
+    assert_eq!(
+        proxy_metric(&proxy, "rollout_proxy_aborted_generations_total").await,
+        1.0
+    );
+    let mut drained = Vec::new();
+    timeout(SLACK, stream.read_to_end(&mut drained))
+        .await
+        .expect("the sim closed the connection")
+        .ok();
+    assert!(
+        drained.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&drained[..drained.len().min(200)])
+    );
+    assert_serves(&sim).await;
 }

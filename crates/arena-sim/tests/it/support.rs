@@ -109,12 +109,20 @@ impl Proxy {
 
     /// A proxy whose engine takes prompts of up to `max_context_len` tokens.
     pub(crate) async fn with_context(max_context_len: usize) -> Self {
+        Self::with_engine(FakeEngineConfig {
+            max_context_len,
+            ..FakeEngineConfig::default()
+        })
+        .await
+    }
+
+    /// A proxy on a fake engine of `config` (its vocabulary and end-of-turn token set to the model's).
+    pub(crate) async fn with_engine(config: FakeEngineConfig) -> Self {
         let model = model();
         let engine = Arc::new(FakeEngine::new(FakeEngineConfig {
             vocab: 200..5000,
             eos_token: model.stop_token_ids.first().copied(),
-            max_context_len,
-            ..FakeEngineConfig::default()
+            ..config
         }));
         let state = ProxyState::new(ProxyConfig::new(SecretString::from(ADMIN)), model, engine.clone())
             .expect("state");

@@ -1,19 +1,23 @@
 //! A deterministic fake engine for tests and benches: seeded pseudo-random tokens (or scripted ones), a
-//! configurable delay per token, injectable failures, and a log of what it was asked and what it sampled.
+//! configurable delay per token, injectable failures, pause and resume, and a log of what it was asked and
+//! what it sampled.
+//!
+//! A paused fake holds every stream before its next token. Each token carries the version in force when the
+//! stream yields it (and is so recorded), as an engine that samples it after a weight update would.
 
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream;
 
 use super::{
-    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
-    WeightUpdate,
+    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, PauseMode, SampledToken,
+    TokenStream, WeightUpdate,
 };
 
 /// How a [`FakeEngine`] behaves.
@@ -62,8 +66,9 @@ pub struct FakeEngine {
     config: FakeEngineConfig,
     scripts: Mutex<VecDeque<Vec<u32>>>,
     failures: Mutex<VecDeque<EngineError>>,
-    version: AtomicU32,
-    log: Mutex<FakeLog>,
+    version: Arc<AtomicU32>,
+    paused: Arc<tokio::sync::watch::Sender<bool>>,
+    log: Arc<Mutex<FakeLog>>,
 }
 
 #[derive(Debug, Default)]
@@ -81,8 +86,9 @@ impl FakeEngine {
             config,
             scripts: Mutex::new(VecDeque::new()),
             failures: Mutex::new(VecDeque::new()),
-            version: AtomicU32::new(0),
-            log: Mutex::new(FakeLog::default()),
+            version: Arc::new(AtomicU32::new(0)),
+            paused: Arc::new(tokio::sync::watch::Sender::new(false)),
+            log: Arc::new(Mutex::new(FakeLog::default())),
         }
     }
 
@@ -183,25 +189,24 @@ impl InferenceEngine for FakeEngine {
             return Box::pin(stream::once(async move { Err(error) }));
         }
         let (tokens, finish) = self.sample(&request);
-        if self.config.record {
+        let logged = self.config.record.then(|| {
             let mut log = lock(&self.log);
             log.outputs.push(tokens.clone());
             log.requests.push(request);
-        }
-        let events = tokens
-            .into_iter()
-            .map(|t| Ok(EngineEvent::Token(t)))
-            .chain(std::iter::once(Ok(EngineEvent::Finished(finish))));
-        let delay = self.config.token_latency;
-        if delay.is_zero() {
-            return Box::pin(stream::iter(events));
-        }
-        Box::pin(stream::unfold(events, move |mut events| async move {
-            let next = events.next()?;
-            if matches!(next, Ok(EngineEvent::Token(_))) {
-                tokio::time::sleep(delay).await;
-            }
-            Some((next, events))
+            log.outputs.len() - 1
+        });
+        let stream = FakeStream {
+            tokens: tokens.into(),
+            finish: Some(finish),
+            delay: self.config.token_latency,
+            paused: self.paused.subscribe(),
+            version: self.version.clone(),
+            emitted: 0,
+            log: logged.map(|i| (self.log.clone(), i)),
+        };
+        Box::pin(stream::unfold(stream, |mut s| async move {
+            let event = s.next().await?;
+            Some((event, s))
         }))
     }
 
@@ -227,6 +232,58 @@ impl InferenceEngine for FakeEngine {
             lock(&self.log).flushes += 1;
             Ok(())
         })
+    }
+
+    fn pause(&self, _mode: PauseMode) -> BoxFuture<'_, Result<(), EngineError>> {
+        self.paused.send_replace(true);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn resume(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        self.paused.send_replace(false);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// One generation's remaining events.
+struct FakeStream {
+    tokens: VecDeque<SampledToken>,
+    finish: Option<FinishReason>,
+    delay: Duration,
+    paused: tokio::sync::watch::Receiver<bool>,
+    version: Arc<AtomicU32>,
+    emitted: usize,
+    /// The log and this generation's entry in it, to record versions that changed since the request.
+    log: Option<(Arc<Mutex<FakeLog>>, usize)>,
+}
+
+impl FakeStream {
+    async fn next(&mut self) -> Option<Result<EngineEvent, EngineError>> {
+        if self.tokens.is_empty() {
+            return self.finish.take().map(|f| Ok(EngineEvent::Finished(f)));
+        }
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if *self.paused.borrow() {
+            // The sender lives as long as the engine; a dropped engine simply lets the stream go on.
+            let _ = self.paused.wait_for(|paused| !*paused).await;
+        }
+        let mut token = self.tokens.pop_front()?;
+        let version = self.version.load(Ordering::Relaxed);
+        if token.version != version {
+            token.version = version;
+            if let Some((log, entry)) = &self.log
+                && let Some(t) = lock(log)
+                    .outputs
+                    .get_mut(*entry)
+                    .and_then(|o| o.get_mut(self.emitted))
+            {
+                t.version = version;
+            }
+        }
+        self.emitted += 1;
+        Some(Ok(EngineEvent::Token(token)))
     }
 }
 

@@ -1,10 +1,34 @@
 //! [`SglangEngine`]: an [`InferenceEngine`] backed by an SGLang server's native HTTP API over plain HTTP/1.1
 //! (token ids in, token ids and logprobs out, streamed), with weight-sync passthrough.
 //!
-//! It understands both SGLang streaming styles: cumulative chunks (the default, each chunk repeats every
-//! token so far) and incremental ones (`--incremental-streaming-output`), telling them apart by the running
-//! `completion_tokens` count. Policy versions come from `meta_info.weight_versions` spans when the server
-//! reports them, else from `weight_version`, else from the version this client last installed.
+//! It speaks SGLang's contract as SGLang's own source defines it (`python/sglang/srt/entrypoints/http_server.py`,
+//! `managers/tokenizer_manager.py`):
+//!
+//! - Readiness: [`SglangEngine::connect`] waits while `/health` answers 503 (the server is starting) or the
+//!   server cannot be reached yet, within [`SglangConfig::ready_timeout`].
+//! - The context window: `/get_server_info`'s `context_length` when the server was started with one, else
+//!   `/v1/models`' `max_model_len` (a default server reports `context_length: null`). SGLang refuses a
+//!   prompt plus `max_new_tokens` that reaches the window, so the engine declares one token less and the
+//!   proxy's caps never ask for a refused request.
+//! - Streams: cumulative chunks (the default, each chunk repeats every token so far) and incremental ones
+//!   (`--incremental-streaming-output`), told apart by the running `completion_tokens` count.
+//! - Refusals: a 400, or for a streaming request a `data: {"error": ...}` chunk after the 200 header, mean the
+//!   same; SGLang's two context-window refusals become [`EngineError::ContextLengthExceeded`] (the proxy's
+//!   context-overflow path), other validation errors [`EngineError::InvalidRequest`].
+//! - A `null` logprob (SGLang's serialisation of NaN) is a protocol error, never a number.
+//! - Versions are strings on the wire: the loop's version in decimal, and `"default"` (a fresh server's)
+//!   is version 0; anything else is a protocol error. Each token's version comes from the
+//!   `meta_info.weight_versions` spans, else `weight_version`, else the version this client last installed.
+//! - Weight updates: `/update_weights_from_disk` with `weight_version`, then `/get_weight_version` must
+//!   answer it. Pausing around an update is [`crate::InferenceEngine::pause`] (`/pause_generation` with the
+//!   configured [`PauseMode`]) and [`crate::InferenceEngine::resume`] (`/continue_generation`); an update
+//!   flushes the cache unless the pause is `in_place` (whose held requests make a flush fail), so this
+//!   client never calls `/flush_cache`, which answers 400 whenever requests run.
+//! - `--api-key`: with [`SglangConfig::api_key`] every request carries `Authorization: Bearer <key>`.
+//! - Interrupted turns continue: a generation the server aborts (an `abort` pause, an abort without a 4xx
+//!   `status_code`) is resubmitted with the tokens produced so far appended to its prompt and the rest of its
+//!   `max_new_tokens`, up to [`SglangConfig::max_resubmits`] times, so its caller sees one generation whose
+//!   tokens each keep the version they were sampled under.
 //!
 //! # Which log-probabilities SGLang returns, and what this client records
 //!
@@ -48,12 +72,13 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, SampledToken, TokenStream,
-    WeightUpdate,
+    EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, PauseMode, SampledToken,
+    TokenStream, WeightUpdate,
 };
 
 #[cfg(test)]
@@ -64,8 +89,8 @@ mod tests;
 pub struct SglangConfig {
     /// The server's base URL, `http://host:port` (plain HTTP; SGLang runs inside the cluster).
     pub base_url: String,
-    /// The context window; `None` asks the server (`/get_server_info`'s `context_length`, else `/v1/models`'
-    /// `max_model_len`).
+    /// The server's context window; `None` asks the server (`/get_server_info`'s `context_length`, else
+    /// `/v1/models`' `max_model_len`). The engine declares one token less (see the module docs).
     pub max_context_len: Option<usize>,
     /// Whether the served model accepts images.
     pub supports_images: bool,
@@ -77,6 +102,16 @@ pub struct SglangConfig {
     /// top-k), to renormalise SGLang's untruncated log-probabilities over the kept tokens (see the
     /// module docs).
     pub truncation_logprobs: u32,
+    /// SGLang's `--api-key`, sent as `Authorization: Bearer <key>` on every request.
+    pub api_key: Option<SecretString>,
+    /// How [`crate::InferenceEngine::pause`] pauses the server before a weight update.
+    pub pause_mode: PauseMode,
+    /// How many times one generation that the server aborts (an `abort` pause, a restart) is resubmitted
+    /// with the tokens produced so far, so that its caller sees one uninterrupted generation; 0 passes the
+    /// abort on.
+    pub max_resubmits: u32,
+    /// How long [`SglangEngine::connect`] waits for `/health` to answer 200; `None` does not ask.
+    pub ready_timeout: Option<Duration>,
 }
 
 impl SglangConfig {
@@ -89,6 +124,10 @@ impl SglangConfig {
             stream: true,
             connect_timeout: Duration::from_secs(10),
             truncation_logprobs: 64,
+            api_key: None,
+            pause_mode: PauseMode::default(),
+            max_resubmits: 8,
+            ready_timeout: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -108,6 +147,9 @@ struct Inner {
     stream: bool,
     truncation_logprobs: u32,
     version: AtomicU32,
+    api_key: Option<SecretString>,
+    pause_mode: PauseMode,
+    max_resubmits: u32,
 }
 
 #[derive(Serialize)]
@@ -176,11 +218,16 @@ struct WireSpan {
     end: usize,
 }
 
-fn parse_version(v: &Value) -> Option<u32> {
+/// A wire weight version: the loop's version in decimal, or a fresh server's `"default"` (version 0).
+pub(crate) fn parse_version(v: &Value) -> Result<u32, EngineError> {
     match v {
-        Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-        Value::String(s) => s.trim().trim_start_matches('v').parse().ok(),
-        _ => None,
+        Value::String(s) if s == "default" => Ok(0),
+        Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => s
+            .parse()
+            .map_err(|_| EngineError::Protocol(format!("weight version {s:?} is out of range"))),
+        other => Err(EngineError::Protocol(format!(
+            "weight version {other} is neither \"default\" nor a decimal version this client installed"
+        ))),
     }
 }
 
@@ -208,10 +255,18 @@ impl SglangEngine {
             stream: config.stream,
             truncation_logprobs: config.truncation_logprobs.max(1),
             version: AtomicU32::new(0),
+            api_key: config.api_key,
+            pause_mode: config.pause_mode,
+            max_resubmits: config.max_resubmits,
         };
+        if let Some(timeout) = config.ready_timeout {
+            inner.wait_ready(timeout).await?;
+        }
         if config.max_context_len.is_none() {
             inner.max_context_len = inner.context_in_force().await?;
         }
+        // SGLang refuses a prompt plus max_new_tokens that reaches the window (`_validate_one_request`).
+        inner.max_context_len = inner.max_context_len.saturating_sub(1);
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -219,16 +274,67 @@ impl SglangEngine {
 }
 
 /// What an SGLang refusal (an HTTP error, or a streamed error chunk) means: a prompt over the context window
-/// is the client's invalid request (the proxy's context-overflow path), anything else the upstream's error.
+/// is a context overflow (the proxy's context-overflow path), another 400 the client's invalid request,
+/// anything else the upstream's error.
 fn refusal(status: u16, body: &str) -> EngineError {
     let body: String = body.chars().take(500).collect();
-    if status == 400 && body.contains("context length") {
-        return EngineError::InvalidRequest(body);
+    if status != 400 {
+        return EngineError::Upstream { status, body };
     }
-    EngineError::Upstream { status, body }
+    let message = serde_json::from_str::<Value>(&body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or(body);
+    context_overflow(&message).unwrap_or(EngineError::InvalidRequest(message))
+}
+
+/// SGLang's two context-window refusals (`tokenizer_manager.py`'s `_validate_one_request`): "The input (N
+/// tokens) is longer than the model's context length (M tokens)." and "Requested token count exceeds the
+/// model's maximum context length of M tokens. You requested a total of T tokens: N tokens from the input
+/// messages and K tokens for the completion. ..."
+fn context_overflow(message: &str) -> Option<EngineError> {
+    fn number_after<'a>(text: &'a str, marker: &str) -> Option<(usize, &'a str)> {
+        let rest = &text[text.find(marker)? + marker.len()..];
+        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        Some((rest[..end].parse().ok()?, &rest[end..]))
+    }
+    if let Some((prompt, rest)) = number_after(message, "The input (")
+        && let Some((max, _)) = number_after(rest, "context length (")
+    {
+        return Some(EngineError::ContextLengthExceeded { prompt, max });
+    }
+    let (max, rest) = number_after(message, "maximum context length of ")?;
+    let (_total, rest) = number_after(rest, "a total of ")?;
+    let (prompt, _) = number_after(rest, "tokens: ")?;
+    Some(EngineError::ContextLengthExceeded { prompt, max })
 }
 
 impl Inner {
+    /// Waits until `/health` answers 200: while it answers 503 (starting) or the server cannot be reached,
+    /// it asks again every half second, up to `timeout`; any other answer is an error at once.
+    async fn wait_ready(&self, timeout: Duration) -> Result<(), EngineError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let last = match self.send(Method::GET, "/health", Bytes::new()).await {
+                Ok(_) => return Ok(()),
+                Err(EngineError::Upstream { status: 503, .. }) => "answers 503 (starting)".to_string(),
+                Err(EngineError::Transport(e)) => format!("cannot be reached ({e})"),
+                Err(e) => return Err(e),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(EngineError::Transport(format!(
+                    "the SGLang server {} is not ready after {:?}: /health {last}",
+                    self.base, timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// The server's context window: `/get_server_info`'s `context_length` when the server was started with
     /// one, else `/v1/models`' `data[0].max_model_len`, the length in force (a default SGLang server reports
     /// `context_length: null`, "use the model's config.json"; `http_server.py` and `serving_models`).
@@ -270,10 +376,14 @@ impl Inner {
         path: &str,
         body: Bytes,
     ) -> Result<hyper::body::Incoming, EngineError> {
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
             .uri(self.uri(path)?)
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(key) = &self.api_key {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {}", key.expose_secret()));
+        }
+        let request = request
             .body(Full::new(body))
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         let response = self
@@ -343,6 +453,20 @@ struct Decoder {
     fallback_version: u32,
     finished: bool,
     truncation: Option<Truncation>,
+    /// Whether the abort that finished the generation carried a 4xx `status_code`.
+    abort_is_refusal: bool,
+}
+
+impl Decoder {
+    fn new(fallback_version: u32, truncation: Option<Truncation>) -> Self {
+        Self {
+            emitted: 0,
+            fallback_version,
+            finished: false,
+            truncation,
+            abort_is_refusal: false,
+        }
+    }
 }
 
 impl Decoder {
@@ -390,11 +514,15 @@ impl Decoder {
             self.finished = true;
             return;
         };
-        let default_version = meta
-            .weight_version
-            .as_ref()
-            .and_then(parse_version)
-            .unwrap_or(self.fallback_version);
+        let default_version = match meta.weight_version.as_ref().map(parse_version) {
+            None => self.fallback_version,
+            Some(Ok(v)) => v,
+            Some(Err(e)) => {
+                out.push_back(Err(e));
+                self.finished = true;
+                return;
+            }
+        };
         let renormalise = self
             .truncation
             .filter(|_| meta.logprob_distribution.as_deref() != Some("sampled"));
@@ -422,12 +550,20 @@ impl Decoder {
                 let top: Vec<f64> = top.iter().filter_map(|(lp, _, _)| *lp).collect();
                 logprob -= kept_mass(&top, t).ln();
             }
-            let version = meta
+            let version = match meta
                 .weight_versions
                 .iter()
                 .find(|s| s.start <= index && index < s.end)
-                .and_then(|s| parse_version(&s.version))
-                .unwrap_or(default_version);
+                .map(|s| parse_version(&s.version))
+            {
+                None => default_version,
+                Some(Ok(v)) => v,
+                Some(Err(e)) => {
+                    out.push_back(Err(e));
+                    self.finished = true;
+                    return;
+                }
+            };
             out.push_back(Ok(EngineEvent::Token(SampledToken {
                 id: *id,
                 logprob: logprob as f32,
@@ -445,13 +581,20 @@ impl Decoder {
                         .and_then(|m| u32::try_from(m).ok()),
                 },
                 "length" => FinishReason::Length,
-                _ => FinishReason::Abort {
-                    message: reason
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or(kind)
-                        .to_string(),
-                },
+                _ => {
+                    // An abort that carries a client-error status is a refusal, not an interruption.
+                    self.abort_is_refusal = reason
+                        .get("status_code")
+                        .and_then(Value::as_u64)
+                        .is_some_and(|code| (400..500).contains(&code));
+                    FinishReason::Abort {
+                        message: reason
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or(kind)
+                            .to_string(),
+                    }
+                }
             };
             out.push_back(Ok(EngineEvent::Finished(finish)));
             self.finished = true;
@@ -467,12 +610,61 @@ struct StreamState {
     pending: VecDeque<Result<EngineEvent, EngineError>>,
     decoder: Decoder,
     streaming: bool,
+    resume: Resume,
+}
+
+/// What resubmitting an interrupted generation needs: the prompt, the request as sent, the tokens produced
+/// so far across every submission, and how many more submissions are allowed.
+struct Resume {
+    prompt: Arc<[u32]>,
+    request: Value,
+    produced: Vec<u32>,
+    max_new_tokens: u32,
+    left: u32,
 }
 
 impl StreamState {
+    /// Resubmits an interrupted generation with the tokens produced so far appended to its prompt and the
+    /// rest of its budget (the reference's interruptible generation); `None` when that is not allowed,
+    /// `Some(finish)` when the budget is already spent.
+    fn resubmit(&mut self) -> Option<Option<FinishReason>> {
+        if self.resume.left == 0 || self.decoder.abort_is_refusal {
+            return None;
+        }
+        let produced = u32::try_from(self.resume.produced.len()).unwrap_or(u32::MAX);
+        let remaining = self.resume.max_new_tokens.saturating_sub(produced);
+        if remaining == 0 {
+            return Some(Some(FinishReason::Length));
+        }
+        self.resume.left -= 1;
+        let mut input: Vec<u32> = self.resume.prompt.to_vec();
+        input.extend_from_slice(&self.resume.produced);
+        let request = &mut self.resume.request;
+        request["input_ids"] = Value::from(input);
+        request["sampling_params"]["max_new_tokens"] = Value::from(remaining);
+        tracing::debug!(server = %self.inner.base, produced, remaining, "resubmitting an aborted generation");
+        self.body = Some(Bytes::from(request.to_string()));
+        self.incoming = None;
+        self.buf.clear();
+        self.decoder = Decoder::new(
+            self.inner.version.load(Ordering::Relaxed),
+            self.decoder.truncation,
+        );
+        Some(None)
+    }
+
     async fn next(&mut self) -> Option<Result<EngineEvent, EngineError>> {
         loop {
             if let Some(event) = self.pending.pop_front() {
+                match &event {
+                    Ok(EngineEvent::Token(t)) => self.resume.produced.push(t.id),
+                    Ok(EngineEvent::Finished(FinishReason::Abort { .. })) => match self.resubmit() {
+                        None => {}
+                        Some(None) => continue,
+                        Some(Some(finish)) => return Some(Ok(EngineEvent::Finished(finish))),
+                    },
+                    _ => {}
+                }
                 return Some(event);
             }
             if self.decoder.finished {
@@ -589,8 +781,8 @@ impl InferenceEngine for SglangEngine {
             stream: self.inner.stream,
             image_data: &request.images,
         };
-        let body = match serde_json::to_vec(&wire) {
-            Ok(b) => Bytes::from(b),
+        let (body, wire_value) = match serde_json::to_value(&wire) {
+            Ok(v) => (Bytes::from(v.to_string()), v),
             Err(e) => {
                 let error = EngineError::Internal(format!("encoding /generate: {e}"));
                 return Box::pin(stream::once(async move { Err(error) }));
@@ -602,13 +794,15 @@ impl InferenceEngine for SglangEngine {
             incoming: None,
             buf: BytesMut::new(),
             pending: VecDeque::new(),
-            decoder: Decoder {
-                emitted: 0,
-                fallback_version: self.inner.version.load(Ordering::Relaxed),
-                finished: false,
-                truncation,
-            },
+            decoder: Decoder::new(self.inner.version.load(Ordering::Relaxed), truncation),
             streaming: self.inner.stream,
+            resume: Resume {
+                prompt: request.input_ids.clone(),
+                request: wire_value,
+                produced: Vec::new(),
+                max_new_tokens: sampling.max_new_tokens,
+                left: self.inner.max_resubmits,
+            },
         };
         Box::pin(stream::unfold(state, |mut st| async move {
             let event = st.next().await?;
@@ -626,40 +820,93 @@ impl InferenceEngine for SglangEngine {
 
     fn update_weights_from_disk(&self, update: WeightUpdate) -> BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(async move {
-            let mut body = serde_json::json!({"model_path": update.path});
-            if let (Some(v), Some(obj)) = (update.version, body.as_object_mut()) {
-                obj.insert("weight_version".into(), Value::String(v.to_string()));
-            }
-            let answer = self
+            let version = update
+                .version
+                .unwrap_or_else(|| self.inner.version.load(Ordering::Relaxed) + 1);
+            let body = serde_json::json!({
+                "model_path": update.path,
+                "weight_version": version.to_string(),
+                // Requests held in place keep their cache, and a flush then fails (`scheduler.py`).
+                "flush_cache": self.inner.pause_mode != PauseMode::InPlace,
+            });
+            let answer = match self
                 .inner
                 .call(
                     Method::POST,
                     "/update_weights_from_disk",
                     Bytes::from(body.to_string()),
                 )
-                .await?;
+                .await
+            {
+                Ok(answer) => answer,
+                Err(EngineError::InvalidRequest(body)) => Bytes::from(body),
+                Err(e) => return Err(e),
+            };
             let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-            if answer.get("success").and_then(Value::as_bool) == Some(false) {
+            if answer.get("success").and_then(Value::as_bool) != Some(true) {
                 let message = answer
                     .get("message")
                     .and_then(Value::as_str)
-                    .unwrap_or("no message");
-                return Err(EngineError::Internal(format!("weight update failed: {message}")));
+                    .map_or_else(|| answer.to_string(), str::to_string);
+                return Err(EngineError::Internal(format!(
+                    "{}: the weight update to version {version} failed: {message}",
+                    self.inner.base
+                )));
             }
-            let next = update
-                .version
-                .unwrap_or_else(|| self.inner.version.load(Ordering::Relaxed) + 1);
-            self.inner.version.store(next, Ordering::Relaxed);
+            let reported = self.weight_version().await?;
+            if reported != version {
+                return Err(EngineError::Protocol(format!(
+                    "{} reports weight version {reported} after the update to version {version}",
+                    self.inner.base
+                )));
+            }
+            self.inner.version.store(version, Ordering::Relaxed);
             Ok(())
         })
     }
 
-    fn flush_cache(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+    fn pause(&self, mode: PauseMode) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            let body = serde_json::json!({"mode": mode.as_str()});
+            self.inner
+                .call(Method::POST, "/pause_generation", Bytes::from(body.to_string()))
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn resume(&self) -> BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(async move {
             self.inner
-                .call(Method::POST, "/flush_cache", Bytes::new())
-                .await?;
-            Ok(())
+                .call(Method::POST, "/continue_generation", Bytes::new())
+                .await
+                .map(|_| ())
         })
+    }
+}
+
+impl SglangEngine {
+    /// The server's base URL.
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// The pause mode this client pauses its server with before an update.
+    pub fn pause_mode(&self) -> PauseMode {
+        self.inner.pause_mode
+    }
+
+    /// The weight version the server reports now (`/get_weight_version`; `"default"` is 0).
+    pub async fn weight_version(&self) -> Result<u32, EngineError> {
+        let body = self
+            .inner
+            .call(Method::GET, "/get_weight_version", Bytes::new())
+            .await?;
+        let answer: Value = serde_json::from_slice(&body)
+            .map_err(|e| EngineError::Protocol(format!("/get_weight_version is not JSON: {e}")))?;
+        let version = answer
+            .get("weight_version")
+            .ok_or_else(|| EngineError::Protocol("/get_weight_version has no weight_version".into()))?;
+        parse_version(version)
     }
 }

@@ -13,6 +13,7 @@ async fn run(
         input_ids: prompt.into(),
         sampling,
         images: Vec::new(),
+        affinity: None,
     });
     let mut tokens = Vec::new();
     while let Some(event) = stream.next().await {
@@ -80,12 +81,14 @@ async fn scripts_failures_context_and_weight_updates() {
         input_ids: vec![1].into(),
         sampling: sampling(3, &[]),
         images: Vec::new(),
+        affinity: None,
     });
     assert!(matches!(stream.next().await, Some(Err(EngineError::Internal(m))) if m == "boom"));
     let mut stream = engine.generate(GenerateRequest {
         input_ids: vec![1; 5].into(),
         sampling: sampling(3, &[]),
         images: Vec::new(),
+        affinity: None,
     });
     assert!(matches!(
         stream.next().await,

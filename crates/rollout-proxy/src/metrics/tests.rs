@@ -17,6 +17,7 @@ fn the_exposition_keeps_the_series_names_and_counts() {
         stored_tokens: 40,
         reserved_tokens: 7,
         response_bytes: 4096,
+        pool_held: 3,
     });
     for line in [
         "# TYPE rollout_proxy_requests counter",
@@ -36,6 +37,7 @@ fn the_exposition_keeps_the_series_names_and_counts() {
         "rollout_proxy_stored_tokens 40",
         "rollout_proxy_reserved_tokens 7",
         "rollout_proxy_stored_response_bytes 4096",
+        "rollout_proxy_pool_requests 3",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{bounds, json_object, normalise, session_of, take, warn_ignored};
+use crate::protocol::{bounds, normalise, prepare_off_thread, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -46,11 +46,11 @@ pub(crate) async fn count_tokens(
 }
 
 async fn count(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let session = session_of(state, headers)?;
-    let body = state.read_body(body).await?;
-    let mut map = json_object(headers, &body)?;
-    let request = parse(state, &mut map)?;
-    let tokens = generation::count_prompt_tokens(state, &session, request.input)?;
+    let tokens = prepare_off_thread(state, headers, body, |state, session, mut map| {
+        let request = parse(state, &mut map)?;
+        generation::count_prompt_tokens(state, &session, request.input)
+    })
+    .await?;
     Ok(axum::Json(json!({"input_tokens": tokens})).into_response())
 }
 
@@ -61,11 +61,12 @@ struct Request {
 }
 
 async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let session = session_of(state, headers)?;
-    let body = state.read_body(body).await?;
-    let mut map = json_object(headers, &body)?;
-    let request = parse(state, &mut map)?;
-    let prepared = generation::prepare(state, &session, request.input, "msg_")?;
+    let (request, prepared) = prepare_off_thread(state, headers, body, |state, session, mut map| {
+        let mut request = parse(state, &mut map)?;
+        let input = std::mem::take(&mut request.input);
+        Ok((request, generation::prepare(state, &session, input, "msg_")?))
+    })
+    .await?;
     let generation = Generation::start(prepared, "toolu_");
     let model = request.model.unwrap_or_else(|| state.model_name().to_string());
     if request.stream {

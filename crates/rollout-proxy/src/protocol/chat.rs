@@ -1,16 +1,20 @@
 //! OpenAI Chat Completions (`POST /chat/completions`, `/v1/chat/completions`) on the generation core.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{ApiError, Protocol};
-use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{bounds, json_object, normalise, session_of, stop_strings, take, warn_ignored};
+use crate::generation::{
+    self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
+};
+use crate::protocol::{bounds, normalise, prepare_off_thread, stop_strings, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -22,10 +26,42 @@ pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap,
     }
 }
 
+/// A request parsed, rendered, tokenised and admitted, and how to answer it.
+struct Request {
+    prepared: Prepared,
+    model: Option<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
 async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let session = session_of(state, headers)?;
-    let body = state.read_body(body).await?;
-    let mut map = json_object(headers, &body)?;
+    let Request {
+        prepared,
+        model,
+        stream,
+        include_usage,
+    } = prepare_off_thread(state, headers, body, prepare).await?;
+    let generation = Generation::start(prepared, "call_");
+    let model = model.unwrap_or_else(|| state.model_name().to_string());
+    if stream {
+        let protocol = ChatStream {
+            model,
+            include_usage,
+            id: generation.id().to_string(),
+            created: generation.created(),
+        };
+        return Ok(sse::response(
+            generation,
+            protocol,
+            state.shared().config.ping_interval,
+        ));
+    }
+    let summary = generation.collect().await?;
+    Ok(axum::Json(completion(&summary, &model)).into_response())
+}
+
+/// Reads a Chat Completions body into the core's form and admits its generation (on the pool).
+fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -> Result<Request, ApiError> {
     let messages: Vec<Value> = take(&mut map, "messages")?
         .ok_or_else(|| ApiError::invalid("messages is required").with_param("messages"))?;
     let model: Option<String> = take(&mut map, "model")?;
@@ -66,24 +102,12 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
         stop,
     };
     warn_ignored(&map, "chat/completions");
-    let prepared = generation::prepare(state, &session, input, "chatcmpl-")?;
-    let generation = Generation::start(prepared, "call_");
-    let model = model.unwrap_or_else(|| state.model_name().to_string());
-    if stream {
-        let protocol = ChatStream {
-            model,
-            include_usage,
-            id: generation.id().to_string(),
-            created: generation.created(),
-        };
-        return Ok(sse::response(
-            generation,
-            protocol,
-            state.shared().config.ping_interval,
-        ));
-    }
-    let summary = generation.collect().await?;
-    Ok(axum::Json(completion(&summary, &model)).into_response())
+    Ok(Request {
+        prepared: generation::prepare(state, &session, input, "chatcmpl-")?,
+        model,
+        stream,
+        include_usage,
+    })
 }
 
 #[derive(Serialize)]

@@ -33,8 +33,10 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiErrorKind, Protocol};
-use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{bounds, json_object, normalise, session_of, take, warn_ignored};
+use crate::generation::{
+    self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
+};
+use crate::protocol::{bounds, normalise, prepare_off_thread, session_of, take, warn_ignored};
 use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
 
@@ -186,10 +188,50 @@ struct RequestEcho {
     text: Value,
 }
 
+/// A request parsed, rendered, tokenised and admitted, and how to answer it.
+struct Request {
+    echo: RequestEcho,
+    prepared: Prepared,
+    keep: Option<PendingStore>,
+    stream: bool,
+}
+
 async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let session = session_of(state, headers)?;
-    let body = state.read_body(body).await?;
-    let mut map = json_object(headers, &body)?;
+    let Request {
+        echo,
+        prepared,
+        keep,
+        stream,
+    } = prepare_off_thread(state, headers, body, prepare).await?;
+    let generation = Generation::start(prepared, "call_");
+    if stream {
+        let protocol = ResponsesStream {
+            echo,
+            id: generation.id().to_string(),
+            created: generation.created(),
+            sequence: 0,
+            output: Vec::new(),
+            open: None,
+            keep,
+        };
+        return Ok(sse::response(
+            generation,
+            protocol,
+            state.shared().config.ping_interval,
+        ));
+    }
+    let summary = generation.collect().await?;
+    let output = output_items(&summary);
+    let response = response_object(&echo, &summary.id, summary.created, &output, Some(&summary));
+    if let Some(keep) = keep {
+        keep.store(&summary, &response);
+    }
+    Ok(axum::Json(&response).into_response())
+}
+
+/// Reads a Responses body into the core's form, with the stored chain it continues, and admits its
+/// generation (on the pool).
+fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -> Result<Request, ApiError> {
     let input: Value =
         take(&mut map, "input")?.ok_or_else(|| ApiError::invalid("input is required").with_param("input"))?;
     let instructions: Option<Value> = take(&mut map, "instructions")?;
@@ -284,36 +326,18 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
     // included), written as the shortest decimal of the f32 so that 0.6 reads back as 0.6.
     echo.temperature = decimal(prepared.sampling().temperature);
     echo.top_p = decimal(prepared.sampling().top_p);
-    let generation = Generation::start(prepared, "call_");
     let keep = store.then(|| PendingStore {
         state: state.clone(),
         session,
         previous: previous.map(String::into_boxed_str),
         input: new_messages,
     });
-    if stream {
-        let protocol = ResponsesStream {
-            echo,
-            id: generation.id().to_string(),
-            created: generation.created(),
-            sequence: 0,
-            output: Vec::new(),
-            open: None,
-            keep,
-        };
-        return Ok(sse::response(
-            generation,
-            protocol,
-            state.shared().config.ping_interval,
-        ));
-    }
-    let summary = generation.collect().await?;
-    let output = output_items(&summary);
-    let response = response_object(&echo, &summary.id, summary.created, &output, Some(&summary));
-    if let Some(keep) = keep {
-        keep.store(&summary, &response);
-    }
-    Ok(axum::Json(&response).into_response())
+    Ok(Request {
+        echo,
+        prepared,
+        keep,
+        stream,
+    })
 }
 
 /// What to store of a response once it is complete (`store: true`).

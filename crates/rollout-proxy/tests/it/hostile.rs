@@ -40,14 +40,14 @@ async fn proxy(limits: ConnectionLimits) -> Proxy {
 const SLACK: Duration = Duration::from_secs(3);
 
 /// An HTTP/1.1 response read off a raw socket.
-struct RawResponse {
-    status: u16,
-    head: String,
-    body: Value,
+pub(crate) struct RawResponse {
+    pub(crate) status: u16,
+    pub(crate) head: String,
+    pub(crate) body: Value,
 }
 
 /// Reads one response (its head, then `Content-Length` bytes of JSON body).
-async fn read_response(stream: &mut (impl AsyncRead + Unpin)) -> RawResponse {
+pub(crate) async fn read_response(stream: &mut (impl AsyncRead + Unpin)) -> RawResponse {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -431,7 +431,7 @@ async fn serve_policy_s_generate_server_holds_the_same_limits() {
 }
 
 /// A gauge or counter's value from the proxy's `/metrics`.
-async fn metric(proxy: &Proxy, name: &str) -> f64 {
+pub(crate) async fn metric(proxy: &Proxy, name: &str) -> f64 {
     let r = call(Method::GET, &proxy.url("/metrics"), &[], None).await;
     r.text
         .lines()
@@ -441,7 +441,7 @@ async fn metric(proxy: &Proxy, name: &str) -> f64 {
 }
 
 /// Polls `metric` until `done` holds of it, or panics at `within`.
-async fn wait_for(proxy: &Proxy, name: &str, within: Duration, done: impl Fn(f64) -> bool) -> f64 {
+pub(crate) async fn wait_for(proxy: &Proxy, name: &str, within: Duration, done: impl Fn(f64) -> bool) -> f64 {
     let until = Instant::now() + within;
     loop {
         let value = metric(proxy, name).await;

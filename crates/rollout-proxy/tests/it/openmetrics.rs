@@ -164,6 +164,7 @@ async fn prometheus_clients_openmetrics_parser_reads_the_exposition() {
         "errors",
         "generations",
         "live_sessions",
+        "pool_requests",
         "prefix_mismatches",
         "prompt_tokens",
         "request_duration_seconds",

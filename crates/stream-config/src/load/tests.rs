@@ -368,3 +368,199 @@ fn embedded_text_loads_without_extends() {
         .to_string();
     assert!(err.contains("`extends:` is not supported"), "{err}");
 }
+
+// The loader takes text from outside (a user's file, `--set` overrides, the environment): whatever it is
+// given, it answers a config or an error, never a panic. Inputs are bounded in size; the properties run
+// to completion however long each case takes.
+mod arbitrary_input {
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    use super::*;
+
+    /// The example configs, each mutated in turn; `extends:` resolves against an unmutated `base.yaml`.
+    const EXAMPLES: [(&str, &str); 8] = [
+        (
+            "base.yaml",
+            include_str!("../../../../examples/configs/base.yaml"),
+        ),
+        (
+            "flash_v3.yaml",
+            include_str!("../../../../examples/configs/flash_v3.yaml"),
+        ),
+        (
+            "flash_v3_streams.yaml",
+            include_str!("../../../../examples/configs/flash_v3_streams.yaml"),
+        ),
+        (
+            "grpo.yaml",
+            include_str!("../../../../examples/configs/grpo.yaml"),
+        ),
+        (
+            "local.yaml",
+            include_str!("../../../../examples/configs/local.yaml"),
+        ),
+        (
+            "multi_stream.yaml",
+            include_str!("../../../../examples/configs/multi_stream.yaml"),
+        ),
+        (
+            "quickstart.yaml",
+            include_str!("../../../../examples/configs/quickstart.yaml"),
+        ),
+        (
+            "smollm2.yaml",
+            include_str!("../../../../examples/configs/smollm2.yaml"),
+        ),
+    ];
+
+    /// One edit of a text, at a place chosen by an [`Index`].
+    #[derive(Debug, Clone)]
+    enum Edit {
+        /// Deletes up to this many characters.
+        Delete(Index, usize),
+        /// Inserts text.
+        Insert(Index, String),
+        /// Replaces what follows the `:` of a line with text.
+        Value(Index, String),
+        /// Repeats a line.
+        Duplicate(Index),
+        /// Changes a line's indentation.
+        Indent(Index, usize),
+    }
+
+    /// Text that YAML gives meaning to, so that mutations reach the parser's corners.
+    const YAMLISH: &str = "[ -~\\n\\t]{0,24}|(&a|\\*a|<<|---|\\.\\.\\.|!!str|!!int|\\?|\\|-|>|%YAML|\\$\\{[A-Z_]{0,8}\\}|~|null|\\[|\\]|\\{|\\}|, |: |- |#|\"|'|1e999|-0x1|0o7|\\.nan|\\.inf|18446744073709551616|é|\\u{0}){1,4}";
+
+    fn edit() -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            (any::<Index>(), 0..40usize).prop_map(|(i, n)| Edit::Delete(i, n)),
+            (any::<Index>(), YAMLISH).prop_map(|(i, s)| Edit::Insert(i, s)),
+            (any::<Index>(), YAMLISH).prop_map(|(i, s)| Edit::Value(i, s)),
+            any::<Index>().prop_map(Edit::Duplicate),
+            (any::<Index>(), 0..9usize).prop_map(|(i, n)| Edit::Indent(i, n)),
+        ]
+    }
+
+    fn apply(text: &str, edits: &[Edit]) -> String {
+        let mut chars: Vec<char> = text.chars().collect();
+        for edit in edits {
+            let lines = String::from_iter(&chars)
+                .split('\n')
+                .map(str::to_string)
+                .collect::<Vec<_>>();
+            match edit {
+                Edit::Delete(at, n) if !chars.is_empty() => {
+                    let start = at.index(chars.len());
+                    let end = (start + n).min(chars.len());
+                    chars.drain(start..end);
+                }
+                Edit::Insert(at, s) => {
+                    let at = at.index(chars.len() + 1);
+                    chars.splice(at..at, s.chars());
+                }
+                Edit::Value(at, s) => {
+                    let mut lines = lines;
+                    let i = at.index(lines.len());
+                    if let Some(colon) = lines[i].find(':') {
+                        lines[i] = format!("{}: {s}", &lines[i][..colon]);
+                    }
+                    chars = lines.join("\n").chars().collect();
+                }
+                Edit::Duplicate(at) => {
+                    let mut lines = lines;
+                    let i = at.index(lines.len());
+                    let line = lines[i].clone();
+                    lines.insert(i, line);
+                    chars = lines.join("\n").chars().collect();
+                }
+                Edit::Indent(at, n) => {
+                    let mut lines = lines;
+                    let i = at.index(lines.len());
+                    lines[i] = format!("{}{}", " ".repeat(*n), lines[i].trim_start());
+                    chars = lines.join("\n").chars().collect();
+                }
+                Edit::Delete(..) => {}
+            }
+        }
+        chars.into_iter().collect()
+    }
+
+    /// `--set` overrides: known keys and made-up ones, with values of every shape.
+    fn overrides() -> impl Strategy<Value = Vec<String>> {
+        let key = prop_oneof![
+            Just("proxy.pool_threads".to_string()),
+            Just("proxy.max_body_bytes".to_string()),
+            Just("gconfig.temperature".to_string()),
+            Just("gconfig.top_k".to_string()),
+            Just("rollout.max_concurrent_rollouts".to_string()),
+            Just("train_dataset.batch_size".to_string()),
+            Just("econfig.streams".to_string()),
+            Just("experiment_name".to_string()),
+            "[a-z_.\\[\\]0-9]{0,24}",
+        ];
+        prop::collection::vec((key, YAMLISH).prop_map(|(k, v)| format!("{k}={v}")), 0..4)
+    }
+
+    fn env() -> impl Strategy<Value = Env> {
+        prop::collection::vec(("[A-Z_]{1,8}", YAMLISH), 0..3)
+            .prop_map(|pairs| Env::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+    }
+
+    /// Nine levels of aliases, each nine of the one before: 387 million strings from 600 bytes.
+    #[test]
+    fn an_alias_bomb_is_refused_within_the_parser_s_budget() {
+        let mut text = String::from("experiment_name: e\ntrial_name: t\nx0: &x0 [");
+        text.push_str(&["\"lol\""; 9].join(","));
+        text.push_str("]\n");
+        for i in 1..9 {
+            let refs = vec![format!("*x{}", i - 1); 9].join(",");
+            text.push_str(&format!("x{i}: &x{i} [{refs}]\n"));
+        }
+        let err = load_run_config_str("run.yaml", &text, &[], &no_env())
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("run.yaml:") && err.contains("budget"), "{err}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn mutated_examples_load_or_are_refused(
+            example in 0..EXAMPLES.len(),
+            edits in prop::collection::vec(edit(), 1..4),
+            overrides in overrides(),
+            env in env(),
+        ) {
+            let (name, text) = EXAMPLES[example];
+            let mut files: Vec<(&str, String)> = vec![("base.yaml", EXAMPLES[0].1.to_string())];
+            let mutated = apply(text, &edits);
+            if name == "base.yaml" {
+                files[0].1 = mutated;
+            } else {
+                files.push((name, mutated));
+            }
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            for (file, text) in &files {
+                std::fs::write(dir.path().join(file), text).expect("writes");
+            }
+            let overrides: Vec<&str> = overrides.iter().map(String::as_str).collect();
+            if let Err(e) = load(&dir.path().join(name), &overrides, &env) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_loads_or_is_refused(
+            text in prop_oneof!["\\PC{0,400}", prop::collection::vec(YAMLISH, 0..40).prop_map(|p| p.concat())],
+            overrides in overrides(),
+            env in env(),
+        ) {
+            let overrides: Vec<String> = overrides.clone();
+            if let Err(e) = load_run_config_str("run.yaml", &text, &overrides, &env) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+}

@@ -106,6 +106,11 @@ pub struct ProxySection {
     pub max_response_bytes_per_session: u64,
     /// Most bytes of JSON stored Responses answers may take across sessions.
     pub max_response_bytes: u64,
+    /// Threads that parse, render and tokenise generation requests at once; null means one per core the
+    /// process may use.
+    pub pool_threads: Option<u32>,
+    /// Generation requests that may wait for one of those threads; one more is answered 503 at once.
+    pub pool_queue: u32,
 }
 
 impl Default for ProxySection {
@@ -132,6 +137,8 @@ impl Default for ProxySection {
             max_generations_per_session: 16,
             max_response_bytes_per_session: 64 * 1024 * 1024,
             max_response_bytes: 2 * 1024 * 1024 * 1024,
+            pool_threads: None,
+            pool_queue: 1024,
         }
     }
 }
@@ -151,7 +158,16 @@ pub struct RolloutSection {
     /// step trains on whatever its batch left.
     pub max_oversample_factor: f64,
     /// SGLang-protocol servers (`http://host:port`) that serve the policy; empty serves it in-process.
+    /// Their `--api-key`, if any, is read from the environment variable `ARENA_RL_POLICY_API_KEY`.
     pub policy_servers: Vec<String>,
+    /// How the policy servers are paused around a weight update (SGLang's `/pause_generation` modes):
+    /// `retract` (the default: running generations are kept and their cache recomputed on the new
+    /// weights), `in_place` (kept with their cache; the update then skips its cache flush) or `abort`
+    /// (running generations end and their turns are resubmitted).
+    pub policy_server_pause_mode: String,
+    /// Seconds to wait for every policy server's `/health` to answer 200 before the run starts (a server
+    /// answers 503 while it loads its model).
+    pub policy_server_ready_timeout_seconds: Seconds,
     /// Rollout workers the rows are sharded across.
     pub n_workers: u32,
     /// This process's worker index, in `0..n_workers`.
@@ -171,6 +187,8 @@ impl Default for RolloutSection {
             max_head_offpolicyness: 0,
             max_oversample_factor: 1.0,
             policy_servers: Vec::new(),
+            policy_server_pause_mode: "retract".into(),
+            policy_server_ready_timeout_seconds: Seconds::of(300.0),
             n_workers: 1,
             worker_index: 0,
             journal_dir: String::new(),
@@ -319,6 +337,9 @@ impl ProxySection {
                 c.push(path.key(key), "must be >= 1, got 0");
             }
         }
+        if self.pool_threads == Some(0) {
+            c.push(path.key("pool_threads"), "must be >= 1 or null, got 0");
+        }
     }
 }
 
@@ -336,6 +357,17 @@ impl RolloutSection {
         }
         for (i, url) in self.policy_servers.iter().enumerate() {
             http_url(c, path.key("policy_servers").index(i), url);
+        }
+        self.policy_server_ready_timeout_seconds
+            .check(c, path.key("policy_server_ready_timeout_seconds"));
+        if !["abort", "retract", "in_place"].contains(&self.policy_server_pause_mode.as_str()) {
+            c.push(
+                path.key("policy_server_pause_mode"),
+                format!(
+                    "must be one of abort, retract, in_place, got {:?}",
+                    self.policy_server_pause_mode
+                ),
+            );
         }
         if self.n_workers == 0 {
             c.push(path.key("n_workers"), "must be >= 1, got 0");

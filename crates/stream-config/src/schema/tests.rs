@@ -108,6 +108,8 @@ fn loop_sections_have_the_reference_defaults() {
         "no extra draws unless asked"
     );
     assert!(config.rollout.policy_servers.is_empty());
+    assert_eq!(config.rollout.policy_server_pause_mode, "retract");
+    assert_eq!(config.rollout.policy_server_ready_timeout_seconds.get(), 300.0);
     assert_eq!(config.eval_every, 0);
     assert!(loop_problems(&[]).is_empty());
 }
@@ -124,7 +126,9 @@ fn the_proxy_s_limits_default_to_its_own_and_must_be_positive() {
     assert_eq!(p.max_generations_per_session, 16);
     assert_eq!(p.max_response_bytes_per_session, 64 * 1024 * 1024);
     assert_eq!(p.max_response_bytes, 2 * 1024 * 1024 * 1024);
+    assert_eq!((p.pool_threads, p.pool_queue), (None, 1024));
     let problems = loop_problems(&[
+        "proxy.pool_threads=0",
         "proxy.max_body_bytes=0",
         "proxy.max_connections=0",
         "proxy.max_generations_per_session=0",
@@ -149,7 +153,12 @@ fn the_proxy_s_limits_default_to_its_own_and_must_be_positive() {
         text.contains("proxy.write_timeout_seconds: must be a positive number of seconds"),
         "{text}"
     );
-    assert_eq!(problems.len(), 6, "{text}");
+    assert!(
+        text.contains("proxy.pool_threads: must be >= 1 or null, got 0"),
+        "{text}"
+    );
+    assert_eq!(problems.len(), 7, "{text}");
+    assert!(loop_problems(&["proxy.pool_threads=2", "proxy.pool_queue=0"]).is_empty());
 }
 
 #[test]
@@ -162,6 +171,7 @@ fn loop_sections_report_every_problem_at_once() {
         "rollout.n_workers=2",
         "rollout.worker_index=2",
         "rollout.max_oversample_factor=0.5",
+        "rollout.policy_server_pause_mode=drain",
         "checkpoint.keep_last=0",
         "eval_every=3",
     ]);
@@ -173,12 +183,13 @@ fn loop_sections_report_every_problem_at_once() {
         "rollout.policy_servers[1]: \"ftp://b\" must be an http:// or https:// URL",
         "rollout.worker_index: must be below rollout.n_workers (2), got 2",
         "rollout.max_oversample_factor: must be a number in [1, 64], got 0.5",
+        "rollout.policy_server_pause_mode: must be one of abort, retract, in_place, got \"drain\"",
         "checkpoint.keep_last: must be >= 1, got 0",
         "eval_every: is 3 but valid_dataset is not set",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
-    assert_eq!(problems.len(), 8, "{text}");
+    assert_eq!(problems.len(), 9, "{text}");
 }
 
 #[test]
@@ -326,6 +337,7 @@ fn every_duration_setting_is_one_error_naming_it_when_out_of_range() {
             "proxy.body_read_timeout_seconds",
             "proxy.idle_timeout_seconds",
             "proxy.write_timeout_seconds",
+            "rollout.policy_server_ready_timeout_seconds",
         ]
     );
     for path in &paths {
@@ -590,5 +602,54 @@ fn model_device_defaults_to_the_cpu_and_names_a_bad_value() {
     assert!(
         problems.iter().any(|p| p.contains("actor.device")),
         "{problems:?}"
+    );
+}
+
+/// `valid_dataset.streams` holds configured streams out for evaluation: each must be configured, named once,
+/// and leave a stream to train on; `train_dataset.streams` is refused.
+#[test]
+fn held_out_eval_streams_must_be_configured_and_leave_one_to_train_on() {
+    let problems = |extra: &str| -> Vec<String> {
+        let yaml = format!(
+            "experiment_name: e\ntrial_name: t\neconfig:\n  dataset_source: arena\n  arena_streams:\n    \
+             - {{name: train, stream_id: s1}}\n    - {{name: held, stream_id: s2}}\n{extra}"
+        );
+        match crate::load_run_config_str("run.yaml", &yaml, &[], &Env::default()) {
+            Ok(config) => {
+                assert!(
+                    config
+                        .valid_dataset
+                        .is_none_or(|v| v.streams.iter().all(|s| s == "held")),
+                    "loaded what it should refuse"
+                );
+                Vec::new()
+            }
+            Err(e) => e.problems().iter().map(ToString::to_string).collect(),
+        }
+    };
+    assert!(problems("valid_dataset: {batch_size: 2, streams: [held]}\n").is_empty());
+    let unknown = problems("valid_dataset: {streams: [nope]}\n");
+    assert_eq!(unknown.len(), 1, "{unknown:?}");
+    assert!(
+        unknown[0].contains("valid_dataset.streams")
+            && unknown[0].contains("\"nope\" is not a configured stream (the streams are train, held)"),
+        "{unknown:?}"
+    );
+    let all = problems("valid_dataset: {streams: [held, train]}\n");
+    assert!(
+        all.len() == 1 && all[0].contains("leaves none to train on"),
+        "{all:?}"
+    );
+    let twice = problems("valid_dataset: {streams: [held, held]}\n");
+    assert!(
+        twice.len() == 1 && twice[0].contains("names \"held\" twice"),
+        "{twice:?}"
+    );
+    let train = problems("train_dataset: {streams: [held]}\n");
+    assert!(
+        train.len() == 1
+            && train[0].contains("train_dataset.streams")
+            && train[0].contains("valid_dataset only"),
+        "{train:?}"
     );
 }

@@ -256,6 +256,42 @@ fn a_weight_swap_lands_between_steps_without_dropping_sequences() -> Result<()> 
     Ok(())
 }
 
+/// A pause holds the engine between steps whatever the step budget says: a request submitted while paused
+/// is not admitted, and one in flight samples nothing, until the resume; a swap made meanwhile is what both
+/// sample with.
+#[test]
+fn a_pause_holds_generation_until_the_resume() -> Result<()> {
+    let c = config();
+    let policy = policy(5)?;
+    policy.limit_decode_steps(Some(2))?;
+    let mut running = policy.submit(request(&[7, 7, 7], SamplingParams::greedy(), 20))?;
+    let mut versions = Vec::new();
+    for _ in 0..3 {
+        match running.blocking_recv() {
+            Some(GenerationEvent::Token { version, .. }) => versions.push(version),
+            other => panic!("expected a token, got {other:?}"),
+        }
+    }
+    policy.pause()?;
+    // Lifting the budget does not lift the pause.
+    policy.limit_decode_steps(None)?;
+    let waiting = policy.submit(request(&[8, 8], SamplingParams::greedy(), 6))?;
+    assert_eq!(policy.swap_weights(weights(&c, 6), 1)?.wait()?, 1);
+    policy.score(&[1])?;
+    assert_eq!(
+        policy.in_flight(),
+        2,
+        "both sequences wait: one held, one not admitted"
+    );
+    policy.resume()?;
+    versions.extend(running.collect_blocking()?.versions);
+    assert_eq!(versions.len(), 20);
+    assert_eq!(versions[..3], [0; 3], "tokens before the pause");
+    assert_eq!(versions[3..], [1; 17], "tokens after the resume");
+    assert_eq!(waiting.collect_blocking()?.versions, vec![1; 6]);
+    Ok(())
+}
+
 #[test]
 fn bad_requests_are_refused_up_front() -> Result<()> {
     let policy = policy(8)?;

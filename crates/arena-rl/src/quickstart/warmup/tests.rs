@@ -139,6 +139,7 @@ async fn a_teacher_without_answers_fails_the_request_instead_of_inventing_one() 
         input_ids: vec![1, 2, 3].into(),
         sampling: rollout_proxy::SamplingParams::default(),
         images: Vec::new(),
+        affinity: None,
     };
     use futures::StreamExt as _;
     let first = teacher.generate(request.clone()).next().await.unwrap();

@@ -34,12 +34,7 @@ fn the_kept_mass_follows_sglangs_joint_top_k_top_p_filter() {
 }
 
 fn decode(truncation: Option<Truncation>, chunks: &[Value]) -> Vec<Result<EngineEvent, EngineError>> {
-    let mut decoder = Decoder {
-        emitted: 0,
-        fallback_version: 0,
-        finished: false,
-        truncation,
-    };
+    let mut decoder = Decoder::new(0, truncation);
     let mut out = VecDeque::new();
     for c in chunks {
         decoder.chunk(c.to_string().as_bytes(), &mut out);
