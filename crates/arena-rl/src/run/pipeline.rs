@@ -255,6 +255,12 @@ impl Trainer {
         metrics.set("timing/train_seconds", started.elapsed().as_secs_f64());
         metrics.set("policy/version", self.version as f64);
         metrics.set("policy/max_staleness", staleness as f64);
+        if let Some(pool) = &run.engine.pool {
+            // Policy servers the pool has marked down, and the generations moved off a failing server so
+            // far: a fleet that is losing servers shows here before the run slows.
+            metrics.set("policy/servers_down", pool.servers_down() as f64);
+            metrics.set("policy/generations_moved", pool.generations_moved() as f64);
+        }
         self.maybe_evaluate(k, &mut metrics).await?;
         tracing::info!(
             step = k,

@@ -20,6 +20,8 @@ pub struct EngineHandle {
     pub engine: Arc<dyn InferenceEngine>,
     /// The in-process policy, when there is one (in-memory weight swaps).
     pub policy: Option<PolicyEngine>,
+    /// The pool of policy servers, when the engine is one (`rollout.policy_servers`), for its metrics.
+    pub pool: Option<Arc<EnginePool>>,
 }
 
 impl EngineHandle {
@@ -71,9 +73,11 @@ pub(crate) async fn build_engine(
                 .with_context(|| format!("cannot reach the policy server {url} (rollout.policy_servers)"))?;
             engines.push((url.clone(), Arc::new(engine)));
         }
+        let pool = Arc::new(EnginePool::new(engines, pause_mode));
         return Ok(EngineHandle {
-            engine: Arc::new(EnginePool::new(engines, pause_mode)),
+            engine: pool.clone(),
             policy: None,
+            pool: Some(pool),
         });
     }
     match config.model.engine {
@@ -89,6 +93,7 @@ pub(crate) async fn build_engine(
                     ..FakeEngineConfig::default()
                 })),
                 policy: None,
+                pool: None,
             })
         }
         ModelEngine::Burn => {
@@ -103,6 +108,7 @@ pub(crate) async fn build_engine(
             Ok(EngineHandle {
                 engine: Arc::new(policy.clone()),
                 policy: Some(policy),
+                pool: None,
             })
         }
     }

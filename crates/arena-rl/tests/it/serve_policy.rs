@@ -1,12 +1,20 @@
 //! Two real `arena-rl serve-policy` processes on loopback, behind an API key, as one `EnginePool`: a weight
 //! update pauses both (retract), loads new weights from disk on both, confirms the version on both and
 //! continues them, while a generation runs across it with exact per-token versions; a server that is gone
-//! is left out of the next update, and the other serves at the new version.
+//! is left out of the next update, and the other serves at the new version. And `arena-rl`'s training loop
+//! on two such servers as `rollout.policy_servers`, SmolLM2-135M-Instruct answering arena-sim's sums: each
+//! step's weights reach both servers under pause and continue, both report the step's version, every
+//! trained token's version is known, and when one server is killed mid-run its sessions move to the other
+//! and the run goes on.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
+use arena_rl::run::{Plugins, RunPaths, train};
+use arena_rl::train::{GrpoStep, NewWeights, StepOutput, TrainBatch, TrainStep};
+use arena_sim::{ArenaSim, World};
 use futures::StreamExt;
 use rollout_proxy::{
     EngineEvent, EnginePool, GenerateRequest, InferenceEngine, PauseMode, SamplingParams, SglangConfig,
@@ -165,4 +173,168 @@ async fn two_policy_servers_update_under_pause_and_agree() {
         }
         assert_eq!(pool.server_of(key), Some(0));
     }
+}
+
+/// The run's GRPO step, watched: before each step it asks every live server its weight version (each must
+/// be the version the loop last installed) and checks that every token the step trains on carries a known
+/// version no newer than the one the step starts from; before the second step it kills the second server.
+struct Watched {
+    inner: GrpoStep,
+    /// The version the loop installed last (a step that trains nothing installs none).
+    installed: u64,
+    runtime: tokio::runtime::Handle,
+    clients: Vec<Arc<SglangEngine>>,
+    doomed: Arc<Mutex<Option<Served>>>,
+    killed: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl TrainStep for Watched {
+    fn begin(&mut self, total_steps: u64) -> arena_rl::error::Result<()> {
+        self.inner.begin(total_steps)
+    }
+
+    fn train(&mut self, step: u64, batch: &TrainBatch) -> arena_rl::error::Result<StepOutput> {
+        let live = if self.killed.load(Ordering::Relaxed) { 1 } else { 2 };
+        for (i, client) in self.clients.iter().take(live).enumerate() {
+            let version = self
+                .runtime
+                .block_on(client.weight_version())
+                .expect("a live server answers its version");
+            assert_eq!(
+                u64::from(version),
+                self.installed,
+                "server {i} serves the version the loop installed last, before step {step}"
+            );
+        }
+        for sample in &batch.samples {
+            for (&mask, &version) in sample.loss_mask.iter().zip(&sample.versions) {
+                if mask == 1 {
+                    assert!(
+                        (0..=i64::try_from(batch.policy_version).unwrap()).contains(&version),
+                        "a trained token of step {step} has version {version}"
+                    );
+                }
+            }
+        }
+        self.log.lock().unwrap().push(format!(
+            "step {step}: {live} live servers at version {}, {} samples",
+            self.installed,
+            batch.samples.len()
+        ));
+        if step == 1 {
+            // Mid-run: the next step's rollouts are running on both servers (one version ahead).
+            drop(self.doomed.lock().unwrap().take());
+            self.killed.store(true, Ordering::Relaxed);
+        }
+        let out = self.inner.train(step, batch)?;
+        if matches!(out.weights, NewWeights::OnDisk(_)) {
+            // The loop installs them as the next version.
+            self.installed = batch.policy_version + 1;
+        }
+        Ok(out)
+    }
+
+    fn save(&mut self, dir: &std::path::Path) -> arena_rl::error::Result<()> {
+        self.inner.save(dir)
+    }
+
+    fn load(&mut self, dir: &std::path::Path) -> arena_rl::error::Result<NewWeights> {
+        self.inner.load(dir)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loop_trains_on_two_policy_servers_and_goes_on_when_one_dies() {
+    let model = crate::support::smollm2();
+    let (a, b) = (serve(&model), serve(&model));
+    let mut world = World::sums();
+    world.token = "sim-token".into();
+    let sim = ArenaSim::start(world).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/smollm2.yaml"),
+    )
+    .unwrap();
+    let overrides = [
+        format!("econfig.arena_base_url={}", sim.base_url()),
+        format!("cluster.fileroot={}", root.path().display()),
+        format!("model.path={}", model.display()),
+        format!("rollout.policy_servers=[{}, {}]", a.url, b.url),
+        "metrics.progress=false".to_string(),
+        "actor.total_train_steps=3".to_string(),
+        "train_dataset.batch_size=2".to_string(),
+        "gconfig.n_samples=4".to_string(),
+        // A learning rate that moves the weights visibly in three steps.
+        "actor.lr=1e-4".to_string(),
+        "rollout.max_oversample_factor=1".to_string(),
+        "checkpoint.save_every=0".to_string(),
+        "eval_every=0".to_string(),
+    ];
+    let env = stream_config::Env::from_pairs([
+        ("ARENA_OPENAPI_TOKEN", "sim-token"),
+        ("ARENA_LLM_API_KEY", "sim-llm-key"),
+        ("ARENA_RL_POLICY_API_KEY", KEY),
+    ]);
+    let config = stream_config::load_run_config_str("smollm2.yaml", &text, &overrides, &env).unwrap();
+    let run_dir = RunPaths::of(&config).run_dir;
+    let (ca, cb) = (
+        client(&a.url, Some(KEY)).await.expect("connects"),
+        client(&b.url, Some(KEY)).await.expect("connects"),
+    );
+    let killed = Arc::new(AtomicBool::new(false));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let step = Watched {
+        inner: GrpoStep::from_run_config(&config, &run_dir).unwrap(),
+        installed: 0,
+        runtime: tokio::runtime::Handle::current(),
+        clients: vec![ca.clone(), cb],
+        doomed: Arc::new(Mutex::new(Some(b))),
+        killed: killed.clone(),
+        log: log.clone(),
+    };
+    let summary = train(
+        config,
+        &env,
+        Plugins {
+            engine: None,
+            step: Box::new(step),
+        },
+    )
+    .await
+    .expect("the run goes on without the dead server");
+    eprintln!("{}", log.lock().unwrap().join("\n"));
+    assert!(
+        killed.load(Ordering::Relaxed),
+        "the second server was killed mid-run"
+    );
+    assert_eq!(summary.steps_trained, 3);
+    let metrics = std::fs::read_to_string(summary.metrics_dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("rollout/reward").is_some())
+        .collect();
+    assert_eq!(steps.len(), 3, "{metrics}");
+    // Every rollout of every step finished and was graded, the ones whose server died under them too.
+    let launched = sim.requests_to(arena_sim::Endpoint::LaunchOneTask).len();
+    assert_eq!(launched, 3 * 2 * 4, "one launch per sample, none relaunched");
+    let trained: f64 = steps
+        .iter()
+        .filter_map(|s| s["train/trained_tokens"].as_f64())
+        .sum();
+    assert!(trained > 0.0, "the weights moved: {metrics}");
+    let published = std::fs::read_dir(run_dir.join("weights")).unwrap().count();
+    assert!(published >= 1, "weights were published to disk");
+    // The step the server died in ends with it marked down and with generations moved off it: step 2's
+    // rollouts were running on both servers when it died, or went to it before the pool knew.
+    let gauge =
+        |s: &serde_json::Value, name: &str| s[name].as_f64().unwrap_or_else(|| panic!("{name}: {metrics}"));
+    assert_eq!(gauge(&steps[0], "policy/servers_down"), 0.0);
+    assert_eq!(gauge(&steps[2], "policy/servers_down"), 1.0);
+    assert!(gauge(&steps[2], "policy/generations_moved") >= 1.0, "{metrics}");
+    eprintln!(
+        "generations moved off the dead server: {}",
+        gauge(&steps[2], "policy/generations_moved")
+    );
 }

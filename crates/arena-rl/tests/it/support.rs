@@ -95,6 +95,7 @@ impl OracleEngine {
         EngineHandle {
             engine: Arc::new(self),
             policy: None,
+            pool: None,
         }
     }
 

@@ -1,8 +1,9 @@
 //! `EnginePool` over two SGLang imitations on loopback, through real `SglangEngine` clients: a weight update
 //! pauses, updates, confirms and continues every server, keeps per-token versions across the update, retries
 //! a server that fails once, and stops with one error naming a server that never agrees; a generation an
-//! `abort` pause interrupts is resubmitted and its caller sees one generation; a server that died is left out
-//! of updates while the others go on.
+//! `abort` pause interrupts is resubmitted and its caller sees one generation; a generation whose server dies
+//! under it moves to another server with the tokens produced so far; a server that died is left out of
+//! updates while the others go on.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -332,13 +333,20 @@ async fn sessions_stick_to_a_server_and_a_dead_servers_sessions_move() {
         );
     }
     assert_eq!(a.requests().len() + b.requests().len(), 12);
-    // Server A goes away: a request of one of its keys fails, and the key's next request is served by B.
+    // Server A goes away: the next request of one of its keys finds its connection refused and is served
+    // by B, and so is the key from then on.
     let moved = keys[home.iter().position(|s| *s == 0).expect("a key on A")];
     la.shutdown().await.expect("stops");
-    assert!(matches!(
-        finish(&pool, keyed(moved, 90)).await,
-        Err(rollout_proxy::EngineError::Transport(_))
-    ));
+    finish(&pool, keyed(moved, 90))
+        .await
+        .expect("moved to the other server");
+    assert!(seen(&b).contains(&90));
+    assert_eq!(pool.server_of(moved), Some(1));
+    assert_eq!(
+        pool.generations_moved(),
+        1,
+        "its connection was refused, so it moved"
+    );
     finish(&pool, keyed(moved, 91))
         .await
         .expect("served by the other server");
@@ -408,5 +416,142 @@ async fn a_dead_server_is_left_out_of_updates_and_the_others_go_on() {
     assert!(
         err.to_string().contains("no policy server can be reached"),
         "{err}"
+    );
+}
+
+/// A TCP forwarder in front of `target` whose connections can all be cut at once, as a server's death
+/// (or a network partition) cuts them: the client sees its connection reset in the middle of a stream.
+struct Cuttable {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Cuttable {
+    async fn new(target: &str) -> Self {
+        let target: SocketAddr = target
+            .strip_prefix("http://")
+            .expect("http url")
+            .parse()
+            .expect("addr");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut watch = watch.clone();
+                if *watch.borrow() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        // Both ends close as a dying process's do, in the middle of whatever they carry.
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Self { url, cut }
+    }
+
+    fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
+}
+
+/// A generation whose server dies in the middle of its stream moves to the other server: resubmitted there
+/// with its prompt and the tokens produced so far and the rest of its budget, so its caller sees one
+/// generation of the full length; the dead server is marked down, and a pool with no other server left
+/// passes the transport error on.
+#[tokio::test]
+async fn a_generation_whose_server_dies_moves_to_another_with_its_tokens() {
+    let (a, b) = (fake(20), fake(0));
+    let (_la, ua) =
+        listen(GenerateServer::with_engine(GenerateServerConfig::default(), a.clone()).router()).await;
+    let (_lb, ub) =
+        listen(GenerateServer::with_engine(GenerateServerConfig::default(), b.clone()).router()).await;
+    let front = Cuttable::new(&ua).await;
+    let pool = retract_pool(&front.url, &ub).await;
+    let mut stream = pool.generate(GenerateRequest {
+        affinity: Some("s1".into()),
+        sampling: SamplingParams {
+            max_new_tokens: 30,
+            ..SamplingParams::default()
+        },
+        ..request()
+    });
+    assert_eq!(
+        pool.server_of("s1"),
+        Some(0),
+        "a new key goes to the first server"
+    );
+    let mut tokens = Vec::new();
+    for _ in 0..5 {
+        match stream.next().await {
+            Some(Ok(EngineEvent::Token(t))) => tokens.push(t.id),
+            other => panic!("expected a token from the first server, got {other:?}"),
+        }
+    }
+    front.cut();
+    let finish = loop {
+        match stream
+            .next()
+            .await
+            .expect("an event")
+            .expect("the caller never sees the failure")
+        {
+            EngineEvent::Token(t) => tokens.push(t.id),
+            EngineEvent::Finished(f) => break f,
+        }
+    };
+    assert_eq!(finish, rollout_proxy::FinishReason::Length);
+    assert_eq!(tokens.len(), 30, "the generation ran to its full length");
+    let moved = b.requests();
+    assert_eq!(moved.len(), 1, "resubmitted once, to the other server");
+    let cut = moved[0].input_ids.len() - 3;
+    assert!((5..30).contains(&cut), "{cut} tokens came from the first server");
+    assert_eq!(moved[0].input_ids[..3], [1, 2, 3]);
+    assert_eq!(
+        moved[0].input_ids[3..],
+        tokens[..cut],
+        "the tokens produced so far extend the prompt"
+    );
+    assert_eq!(
+        moved[0].sampling.max_new_tokens as usize,
+        30 - cut,
+        "the rest of the budget"
+    );
+    let resumed: Vec<u32> = b.outputs()[0].iter().map(|t| t.id).collect();
+    assert_eq!(
+        tokens[cut..],
+        resumed[..],
+        "then the other server's tokens, exactly"
+    );
+    assert_eq!(pool.server_of("s1"), Some(1), "the key moved with it");
+    assert_eq!(pool.generations_moved(), 1);
+
+    // A generation whose servers both die has nowhere to go: the caller sees the failure.
+    let (x, y) = (Cuttable::new(&ua).await, Cuttable::new(&ub).await);
+    let pool = retract_pool(&x.url, &y.url).await;
+    let mut stream = pool.generate(request());
+    assert!(matches!(stream.next().await, Some(Ok(EngineEvent::Token(_)))));
+    x.cut();
+    y.cut();
+    let mut saw = None;
+    while let Some(event) = stream.next().await {
+        if let Err(e) = event {
+            saw = Some(e);
+            break;
+        }
+    }
+    assert!(
+        matches!(saw, Some(rollout_proxy::EngineError::Transport(_))),
+        "{saw:?}"
     );
 }
