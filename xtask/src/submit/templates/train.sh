@@ -47,6 +47,10 @@ if [[ "${1:-}" == --step ]]; then
 {{train_args}}
             ;;
         policy-server)
+            if [[ -z "${ARENA_RL_POLICY_API_KEY:-}" ]]; then
+                echo "train: ARENA_RL_POLICY_API_KEY is not set; a policy server on every interface needs one" >&2
+                exit 2
+            fi
             # One replica per task: its port and its GPUs follow its rank on the node.
             local_id="${SLURM_LOCALID:-0}"
             if ((gpus_per_replica > 0)); then
@@ -89,6 +93,14 @@ if [[ "$AREAL_CONTAINER_BIN" != none ]]; then
     trainer_container=("${run[@]}" --bind "$AREAL_WORKER_MOUNTS" "$AREAL_IMAGE")
     server_container=("${run[@]}" --bind "$AREAL_WORKER_MOUNTS" "$ROLLOUT_IMAGE")
 fi
+
+# The policy servers listen on every interface, and whoever reaches one can pause it or load weights from
+# any path: they require a key, and only this job's trainer holds it. One random key per job, unless the
+# credentials file sets ARENA_RL_POLICY_API_KEY; it travels in the environment, never on a command line.
+if [[ -z "${ARENA_RL_POLICY_API_KEY:-}" ]]; then
+    ARENA_RL_POLICY_API_KEY="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
+fi
+export ARENA_RL_POLICY_API_KEY
 
 servers_pid=""
 if ((${#serve_nodes[@]} > 0)); then
