@@ -22,6 +22,13 @@
 //! reported beside the figures, which count successes only: a peer that drops connections under load
 //! never ends the run or loses its summary.
 //!
+//! `ARENA_RL_PROXY_BENCH_BASELINE`, the path of this bench built from an earlier commit, adds that build's
+//! proxy as a third system under test (`baseline`, in its own process on core 0 like the current one), so
+//! that a change's before and after are measured against LiteLLM in the same run; the summary then gives
+//! both ratios and the current build's ratio over the baseline's. The SGLang fake both proxies talk to
+//! reports its context length (as a server started with `--context-length` does), which clients from
+//! before `/v1/models` was read need.
+//!
 //! Needs `ARENA_RL_SMOLLM2` and `ARENA_RL_PY_CLIENTS` (`eval "$(cargo xtask fixtures)"`).
 
 #[path = "common/counting_alloc.rs"]
@@ -43,8 +50,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rollout_proxy::{
-    ChatModel, FakeEngine, FakeEngineConfig, ProxyConfig, ProxyServer, ProxyState, SglangConfig,
-    SglangEngine, generate_router,
+    ChatModel, FakeEngine, FakeEngineConfig, GenerateServer, GenerateServerConfig, ProxyConfig, ProxyServer,
+    ProxyState, SglangConfig, SglangEngine,
 };
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -708,9 +715,14 @@ fn main() {
             ..FakeEngineConfig::default()
         }));
         let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-        let sglang = ProxyServer::serve_router(any, generate_router(fake))
-            .await
-            .expect("sglang fake");
+        let sglang_config = GenerateServerConfig {
+            context_length: Some(8192),
+            ..GenerateServerConfig::default()
+        };
+        let sglang =
+            ProxyServer::serve_router(any, GenerateServer::with_engine(sglang_config, fake).router())
+                .await
+                .expect("sglang fake");
         let openai = ProxyServer::serve_router(any, upstream_fake())
             .await
             .expect("openai fake");
@@ -719,17 +731,27 @@ fn main() {
 
     // The systems under test (core 0).
     let exe = std::env::current_exe().expect("own path");
-    let mut proxy = pinned(0, exe.to_str().expect("utf-8 path"), priority)
-        .env(ROLE, "proxy")
-        .env("ARENA_RL_PROXY_BENCH_UPSTREAM", format!("http://{sglang_addr}"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("proxy process");
-    let mut line = String::new();
-    BufReader::new(proxy.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("proxy address");
-    let proxy_addr = line.trim().to_string();
+    let start_proxy = |exe: &str| -> (Child, String) {
+        let mut proxy = pinned(0, exe, priority)
+            .env(ROLE, "proxy")
+            .env("ARENA_RL_PROXY_BENCH_UPSTREAM", format!("http://{sglang_addr}"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the proxy process {exe}: {e}"));
+        let mut line = String::new();
+        BufReader::new(proxy.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("proxy address");
+        (proxy, line.trim().to_string())
+    };
+    let (proxy, proxy_addr) = start_proxy(exe.to_str().expect("utf-8 path"));
+    let baseline = std::env::var("ARENA_RL_PROXY_BENCH_BASELINE")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(|path| {
+            println!("baseline: the proxy of {path}");
+            start_proxy(&path)
+        });
     let python = std::path::PathBuf::from(fixture("ARENA_RL_PY_CLIENTS"));
     let litellm_bin = python.with_file_name("litellm");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -760,33 +782,38 @@ fn main() {
         .stderr(Stdio::null())
         .spawn()
         .expect("litellm starts");
-    let _children = Children(vec![proxy, litellm]);
+    let (baseline_child, baseline_addr) = baseline.unzip();
+    let _children = Children([proxy, litellm].into_iter().chain(baseline_child).collect());
 
     let client: Http = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
         .build(HttpConnector::new());
-    let ours_keys = runtime.block_on(async {
-        let mut keys = Vec::new();
-        for i in 0..LEVELS[LEVELS.len() - 1] {
-            let r = rollout_proxy_call(
-                &client,
-                &format!("http://{proxy_addr}/rl/start_session"),
-                json!({"task_id": format!("bench{i}")}),
-            )
-            .await;
-            keys.push(r["api_key"].as_str().expect("key").to_string());
-        }
-        Arc::new(keys)
-    });
+    let sessions = |addr: &str| {
+        runtime.block_on(async {
+            let mut keys = Vec::new();
+            for i in 0..LEVELS[LEVELS.len() - 1] {
+                let r = rollout_proxy_call(
+                    &client,
+                    &format!("http://{addr}/rl/start_session"),
+                    json!({"task_id": format!("bench{i}")}),
+                )
+                .await;
+                keys.push(r["api_key"].as_str().expect("key").to_string());
+            }
+            Arc::new(keys)
+        })
+    };
+    let ours_keys = sessions(&proxy_addr);
+    let baseline_keys = baseline_addr.as_deref().map(sessions);
     let litellm_keys = Arc::new(vec![LITELLM_KEY.to_string()]);
     // Per mode, the two systems under test with their bodies.
-    let targets = |mode: Mode| -> [Target; 2] {
+    let targets = |mode: Mode| -> Vec<Target> {
         let litellm_model = if mode == Mode::MessagesStream {
             "smol-anthropic"
         } else {
             "smol"
         };
-        [
+        let mut targets = vec![
             Target {
                 name: "arena-rl",
                 url: format!("http://{proxy_addr}{}", mode.path()),
@@ -799,7 +826,16 @@ fn main() {
                 keys: litellm_keys.clone(),
                 body: mode.body(&body_messages, litellm_model),
             },
-        ]
+        ];
+        if let (Some(addr), Some(keys)) = (&baseline_addr, &baseline_keys) {
+            targets.push(Target {
+                name: "baseline",
+                url: format!("http://{addr}{}", mode.path()),
+                keys: keys.clone(),
+                body: mode.body(&body_messages, "smol"),
+            });
+        }
+        targets
     };
     runtime.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(180);
@@ -813,7 +849,7 @@ fn main() {
             assert!(Instant::now() < deadline, "LiteLLM did not start within 180 s");
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        // Warm both up in every mode (LiteLLM initialises its router and providers on first use).
+        // Warm every system up in every mode (LiteLLM initialises its router and providers on first use).
         for &mode in &modes {
             for target in &targets(mode) {
                 load(&client, target, 4, 16).await;
@@ -890,6 +926,7 @@ fn main() {
         "llm err"
     );
     let mut failures = Vec::new();
+    let mut baseline_rows = Vec::new();
     let mut s = stats.lock().expect("stats");
     for mode in modes.iter().map(|m| m.name()) {
         for c in LEVELS {
@@ -916,12 +953,39 @@ fn main() {
                 ours_rps / llm_rps,
                 llm_p99 / ours_p99
             );
-            report.insert(
-                format!("{mode}/{c}"),
-                json!({"arena_rl": {"rps": ours_rps, "p50_ms": ours_p50, "p99_ms": ours_p99, "requests": ours_n, "errors": ours_err},
+            let mut entry = json!({"arena_rl": {"rps": ours_rps, "p50_ms": ours_p50, "p99_ms": ours_p99, "requests": ours_n, "errors": ours_err},
                        "litellm": {"rps": llm_rps, "p50_ms": llm_p50, "p99_ms": llm_p99, "requests": llm_n, "errors": llm_err},
-                       "throughput_ratio": ours_rps / llm_rps, "p99_ratio": llm_p99 / ours_p99}),
-            );
+                       "throughput_ratio": ours_rps / llm_rps, "p99_ratio": llm_p99 / ours_p99});
+            if baseline_addr.is_some() {
+                let (base_rps, base_p50, base_p99, base_n, base_err) = row("baseline");
+                baseline_rows.push(format!(
+                    "{mode:<16} {c:>5} {base_rps:>12.0} {base_p50:>9.2}ms {base_p99:>9.2}ms {:>11.1} {:>11.1} {:>9.3} {base_err:>8}",
+                    base_rps / llm_rps,
+                    ours_rps / llm_rps,
+                    ours_rps / base_rps
+                ));
+                entry["baseline"] = json!({"rps": base_rps, "p50_ms": base_p50, "p99_ms": base_p99, "requests": base_n, "errors": base_err,
+                                           "throughput_ratio": base_rps / llm_rps});
+                entry["after_over_before"] = json!(ours_rps / base_rps);
+            }
+            report.insert(format!("{mode}/{c}"), entry);
+        }
+    }
+    if !baseline_rows.is_empty() {
+        println!(
+            "\nbefore and after, same run: the baseline build's proxy against LiteLLM, beside this build's\n{:<16} {:>5} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>8}",
+            "mode",
+            "c",
+            "baseline/s",
+            "base p50",
+            "base p99",
+            "base tput x",
+            "ours tput x",
+            "after/bef",
+            "base err"
+        );
+        for row in &baseline_rows {
+            println!("{row}");
         }
     }
     if failures.is_empty() {
