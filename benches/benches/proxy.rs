@@ -22,6 +22,9 @@
 //! reported beside the figures, which count successes only: a peer that drops connections under load
 //! never ends the run or loses its summary.
 //!
+//! `ARENA_RL_PROXY_BENCH_SYSTEMS` (comma-separated: `arena-rl`, `litellm`, `baseline`) measures only those,
+//! for a quick look at one system or at a before and after without LiteLLM's long runs.
+//!
 //! `ARENA_RL_PROXY_BENCH_BASELINE`, the path of this bench built from an earlier commit, adds that build's
 //! proxy as a third system under test (`baseline`, in its own process on core 0 like the current one), so
 //! that a change's before and after are measured against LiteLLM in the same run; the summary then gives
@@ -807,6 +810,10 @@ fn main() {
     let baseline_keys = baseline_addr.as_deref().map(sessions);
     let litellm_keys = Arc::new(vec![LITELLM_KEY.to_string()]);
     // Per mode, the two systems under test with their bodies.
+    // A diagnostic knob: only these systems are measured (the others' figures are then missing).
+    let systems: Option<Vec<String>> = std::env::var("ARENA_RL_PROXY_BENCH_SYSTEMS")
+        .ok()
+        .map(|names| names.split(',').map(|n| n.trim().to_string()).collect());
     let targets = |mode: Mode| -> Vec<Target> {
         let litellm_model = if mode == Mode::MessagesStream {
             "smol-anthropic"
@@ -834,6 +841,9 @@ fn main() {
                 keys: keys.clone(),
                 body: mode.body(&body_messages, "smol"),
             });
+        }
+        if let Some(names) = &systems {
+            targets.retain(|t| names.iter().any(|n| n == t.name));
         }
         targets
     };

@@ -309,12 +309,7 @@ async fn the_loop_trains_on_two_policy_servers_and_goes_on_when_one_dies() {
         "the second server was killed mid-run"
     );
     assert_eq!(summary.steps_trained, 3);
-    let metrics = std::fs::read_to_string(summary.metrics_dir.join("metrics.jsonl")).unwrap();
-    let steps: Vec<serde_json::Value> = metrics
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v.get("rollout/reward").is_some())
-        .collect();
+    let (metrics, steps) = crate::support::step_metrics(&summary.metrics_dir);
     assert_eq!(steps.len(), 3, "{metrics}");
     // Every rollout of every step finished and was graded, the ones whose server died under them too.
     let launched = sim.requests_to(arena_sim::Endpoint::LaunchOneTask).len();

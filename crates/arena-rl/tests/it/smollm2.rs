@@ -48,12 +48,7 @@ async fn smollm2_answers_sums_and_trains_two_grpo_steps_through_the_whole_loop()
     .await
     .unwrap();
     assert_eq!(summary.steps_trained, 2);
-    let metrics = std::fs::read_to_string(summary.metrics_dir.join("metrics.jsonl")).unwrap();
-    let steps: Vec<serde_json::Value> = metrics
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v.get("rollout/reward").is_some())
-        .collect();
+    let (metrics, steps) = crate::support::step_metrics(&summary.metrics_dir);
     assert_eq!(steps.len(), 2, "{metrics}");
     let rewards: Vec<f64> = steps
         .iter()

@@ -211,6 +211,18 @@ pub(crate) fn config(base: &str, root: &Path, model: &Path, extra: &[&str]) -> R
     stream_config::load_run_config_str("quickstart.yaml", &text, &overrides, &env()).unwrap()
 }
 
+/// A run's `metrics.jsonl` in `metrics_dir` as text (for messages), and its training steps' lines (those
+/// with `rollout/reward`), parsed.
+pub(crate) fn step_metrics(metrics_dir: &Path) -> (String, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(metrics_dir.join("metrics.jsonl")).unwrap();
+    let steps = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("rollout/reward").is_some())
+        .collect();
+    (text, steps)
+}
+
 /// The credentials a run reads.
 pub(crate) fn env() -> Env {
     Env::from_pairs([

@@ -617,7 +617,8 @@ struct StreamState {
 /// so far across every submission, and how many more submissions are allowed.
 struct Resume {
     prompt: Arc<[u32]>,
-    request: Value,
+    /// The first submission's body; a resubmission parses it again (rarely needed, so never kept parsed).
+    request: Bytes,
     produced: Vec<u32>,
     max_new_tokens: u32,
     left: u32,
@@ -639,7 +640,9 @@ impl StreamState {
         self.resume.left -= 1;
         let mut input: Vec<u32> = self.resume.prompt.to_vec();
         input.extend_from_slice(&self.resume.produced);
-        let request = &mut self.resume.request;
+        let Ok(mut request) = serde_json::from_slice::<Value>(&self.resume.request) else {
+            return None;
+        };
         request["input_ids"] = Value::from(input);
         request["sampling_params"]["max_new_tokens"] = Value::from(remaining);
         tracing::debug!(server = %self.inner.base, produced, remaining, "resubmitting an aborted generation");
@@ -781,8 +784,9 @@ impl InferenceEngine for SglangEngine {
             stream: self.inner.stream,
             image_data: &request.images,
         };
-        let (body, wire_value) = match serde_json::to_value(&wire) {
-            Ok(v) => (Bytes::from(v.to_string()), v),
+        // Straight to bytes: a tree of the prompt's ids would cost an allocation per id on every request.
+        let body = match serde_json::to_vec(&wire) {
+            Ok(v) => Bytes::from(v),
             Err(e) => {
                 let error = EngineError::Internal(format!("encoding /generate: {e}"));
                 return Box::pin(stream::once(async move { Err(error) }));
@@ -790,7 +794,7 @@ impl InferenceEngine for SglangEngine {
         };
         let state = StreamState {
             inner: self.inner.clone(),
-            body: Some(body),
+            body: Some(body.clone()),
             incoming: None,
             buf: BytesMut::new(),
             pending: VecDeque::new(),
@@ -798,7 +802,7 @@ impl InferenceEngine for SglangEngine {
             streaming: self.inner.stream,
             resume: Resume {
                 prompt: request.input_ids.clone(),
-                request: wire_value,
+                request: body,
                 produced: Vec::new(),
                 max_new_tokens: sampling.max_new_tokens,
                 left: self.inner.max_resubmits,
