@@ -1,14 +1,17 @@
 //! Serving the sim's router over TCP so that nothing which reaches the port can hold it: a deadline for
 //! each request's head, one for its whole body, one for idle keep-alives, one for a write that makes no
-//! progress, a body size limit, a cap on connections in flight, and graceful shutdown. It is a copy of `rollout_proxy::connection` (the sim may
-//! not depend on the proxy); keep the two in step.
+//! progress, a body size limit, a cap on connections in flight, and graceful shutdown. It is a copy of
+//! `rollout_proxy::connection` (the sim may not depend on the proxy); keep the two in step.
 //!
 //! hyper's own header-read timer restarts as soon as a response is written, so it would also close idle
 //! keep-alives at the header timeout; each connection here has a small watchdog instead, which knows
 //! whether the connection is reading a head, handling a request or idle, and closes it when the deadline
 //! of that phase passes, or when a write has waited on a full socket for `write_timeout`: closing the
-//! connection drops the response, and with a forwarded stream the upstream request and its generation. Bodies are guarded as they are read: past the body deadline the answer is 408,
-//! over the limit 413, whatever the handler's extractor made of the cut-off body.
+//! connection drops the response, and with a forwarded stream the upstream request and its generation.
+//! Nothing on a request's path wakes the watchdog: it looks at the phase when the deadline it knows
+//! passes, or after the shortest limit, whichever is first, and no deadline can be nearer than that.
+//! Bodies are guarded as they are read: past the body deadline the answer is 408, over the limit 413,
+//! whatever the handler's extractor made of the cut-off body.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,7 +30,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -68,6 +71,13 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
+    /// How often, at most, a connection's watchdog looks at its phase: the shortest of the deadlines.
+    fn check_interval(&self) -> Duration {
+        self.header_read_timeout
+            .min(self.idle_timeout)
+            .min(self.write_timeout)
+    }
+
     /// Every limit must be positive; the error names each one that is not.
     pub fn validate(&self) -> Result<(), String> {
         let zero: Vec<&str> = [
@@ -197,9 +207,15 @@ impl Connection {
         let conn = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let mut shutting_down = false;
+        // Nothing that changes the phase wakes this loop: every phase's deadline is at least `check` after
+        // the phase begins, so waking at the known deadline or `check` from now, whichever is first, and
+        // looking again is never late.
+        let check = self.limits.check_interval();
         loop {
-            let deadline = watch.deadline(&self.limits);
-            let woken = watch.notify.notified();
+            let now = Instant::now();
+            let wake = watch
+                .deadline(&self.limits)
+                .map_or(now + check, |d| d.min(now + check));
             tokio::select! {
                 result = conn.as_mut() => {
                     if let Err(e) = result {
@@ -207,26 +223,18 @@ impl Connection {
                     }
                     return;
                 }
-                () = sleep_until(deadline) => {
+                () = tokio::time::sleep_until(wake) => {
                     if watch.deadline(&self.limits).is_some_and(|d| d <= Instant::now()) {
                         tracing::debug!("closing a connection past its header, idle or write deadline");
                         return;
                     }
                 }
-                () = woken => {}
                 _ = self.shutdown.changed(), if !shutting_down => {
                     shutting_down = true;
                     conn.as_mut().graceful_shutdown();
                 }
             }
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -246,7 +254,6 @@ struct Phase {
 
 struct Watchdog {
     phase: Mutex<Phase>,
-    notify: Notify,
 }
 
 impl Watchdog {
@@ -259,7 +266,6 @@ impl Watchdog {
                 served: false,
                 write_stalled_since: None,
             }),
-            notify: Notify::new(),
         }
     }
 
@@ -291,18 +297,13 @@ impl Watchdog {
 
     /// A write found the socket full (`true`) or wrote bytes (`false`).
     fn write_stalled(&self, stalled: bool) {
-        let mut phase = self.phase();
-        phase.write_stalled_since = stalled.then(Instant::now);
-        drop(phase);
-        self.notify.notify_one();
+        self.phase().write_stalled_since = stalled.then(Instant::now);
     }
 
     fn bytes_arrived(&self) {
         let mut phase = self.phase();
         if phase.busy == 0 && phase.head_since.is_none() {
             phase.head_since = Some(Instant::now());
-            drop(phase);
-            self.notify.notify_one();
         }
     }
 
@@ -326,8 +327,6 @@ impl Drop for Busy {
             phase.idle_since = Instant::now();
             phase.head_since = None;
         }
-        drop(phase);
-        self.0.notify.notify_one();
     }
 }
 

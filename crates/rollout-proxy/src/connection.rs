@@ -10,8 +10,8 @@
 //! connection drops the response, so a stalled stream's generation is aborted and its token reservation
 //! released. Nothing on a request's path wakes the watchdog: it looks at the phase when the deadline it
 //! knows passes, or after the shortest limit, whichever is first, and no deadline can be nearer than that
-//! (each is at least the shortest limit after its phase began). Bodies are guarded as they are read ([`BodyRefused`]), so a handler can check
-//! credentials before it reads a byte of the body.
+//! (each is at least the shortest limit after its phase began). Bodies are guarded as they are read
+//! ([`BodyRefused`]), so a handler can check credentials before it reads a byte of the body.
 
 #[cfg(test)]
 mod tests;
