@@ -193,6 +193,16 @@ fn main() {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(20));
     let version = AtomicU32::new(0);
+    // Installs the checkpoint on every server of `pool` under the next version.
+    let update = |pool: &EnginePool| {
+        let v = version.fetch_add(1, Ordering::Relaxed) + 1;
+        runtime
+            .block_on(pool.update_weights_from_disk(WeightUpdate {
+                path: model_dir.clone(),
+                version: Some(v),
+            }))
+            .expect("the pool agrees");
+    };
     let mut floor = Vec::new();
     let mut updates: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     {
@@ -210,18 +220,12 @@ fn main() {
         });
         for (n, pool) in [(1usize, &one), (2, &two)] {
             let times = &mut updates[n - 1];
-            g.bench_function(format!("{n}_server{}", if n > 1 { "s" } else { "" }), |b| {
+            g.bench_function(servers(n), |b| {
                 b.iter_custom(|iters| {
                     let started = Instant::now();
                     for _ in 0..iters {
-                        let v = version.fetch_add(1, Ordering::Relaxed) + 1;
                         let t = Instant::now();
-                        runtime
-                            .block_on(pool.update_weights_from_disk(WeightUpdate {
-                                path: model_dir.clone(),
-                                version: Some(v),
-                            }))
-                            .expect("the pool agrees");
+                        update(pool);
                         times.push(t.elapsed());
                     }
                     started.elapsed()
@@ -231,13 +235,7 @@ fn main() {
         g.finish();
     }
     // The one-server pool leaves the second server behind on versions; bring both to one.
-    let v = version.fetch_add(1, Ordering::Relaxed) + 1;
-    runtime
-        .block_on(two.update_weights_from_disk(WeightUpdate {
-            path: model_dir.clone(),
-            version: Some(v),
-        }))
-        .expect("the pool agrees");
+    update(&two);
 
     let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let round = AtomicU32::new(0);
@@ -247,7 +245,7 @@ fn main() {
         g.sample_size(10).measurement_time(Duration::from_secs(30));
         for (n, pool) in [(1usize, &one), (2, &two)] {
             let rate = &mut rates[n - 1];
-            g.bench_function(format!("{n}_server{}", if n > 1 { "s" } else { "" }), |b| {
+            g.bench_function(servers(n), |b| {
                 b.iter_custom(|iters| {
                     let started = Instant::now();
                     for _ in 0..iters {
@@ -299,4 +297,9 @@ fn main() {
                "sessions": SESSIONS, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS}),
     );
     summary::write_summary(report, "policy-servers-summary.json");
+}
+
+/// A bench's name for a pool of `n` servers: `1_server`, `2_servers`.
+fn servers(n: usize) -> String {
+    format!("{n}_server{}", if n > 1 { "s" } else { "" })
 }
