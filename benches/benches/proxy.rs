@@ -13,8 +13,9 @@
 //! priority of both systems and of itself alike (see `Priority`), so that other work on a shared machine
 //! does not decide the tails. Each criterion iteration is a closed loop of
 //! `c` clients sending a batch of requests at concurrency 1, 64 and 1024; criterion reports requests per
-//! second, and the summary at the end prints throughput, p50/p99 latency (to the last byte), their ratios,
-//! the machine's load average, and the proxy's retained heap bytes per stored token (measured in this
+//! second, and the summary at the end prints throughput, p50/p99 latency (to the last byte), each system's
+//! CPU time per request (its process tree's user and system time over its batches, from `/proc`: what a
+//! request costs, whether the system was saturated or waiting), their ratios, the machine's load average, and the proxy's retained heap bytes per stored token (measured in this
 //! process with a counting allocator). The summary is also written to
 //! `<target>/criterion/proxy-summary.json`. `ARENA_RL_PROXY_BENCH_MODES` (comma-separated mode names)
 //! limits the run to some modes. A request that fails (a connection refused or reset after five retries,
@@ -28,7 +29,11 @@
 //! `ARENA_RL_PROXY_BENCH_BASELINE`, the path of this bench built from an earlier commit, adds that build's
 //! proxy as a third system under test (`baseline`, in its own process on core 0 like the current one), so
 //! that a change's before and after are measured against LiteLLM in the same run; the summary then gives
-//! both ratios and the current build's ratio over the baseline's. The SGLang fake both proxies talk to
+//! both ratios and the current build's ratio over the baseline's. Since a single point moves by 20-40%
+//! between runs on a small VM (and the CPU per request moves with it: the variation is in the work a
+//! request costs, not in waiting), the before and after are also measured paired: per mode and level, 16 rounds of one batch on
+//! each build, the order alternating, and the quantiles of the rounds' throughput ratios; drift during the
+//! run then weighs on both builds alike. The SGLang fake both proxies talk to
 //! reports its context length (as a server started with `--context-length` does), which clients from
 //! before `/v1/models` was read need.
 //!
@@ -36,6 +41,8 @@
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "common/proc_cpu.rs"]
+mod proc_cpu;
 #[path = "common/summary.rs"]
 mod summary;
 use std::collections::BTreeMap;
@@ -428,6 +435,8 @@ struct Target {
     url: String,
     keys: Arc<Vec<String>>,
     body: Bytes,
+    /// The system's process, whose CPU time (with its descendants') is counted per request.
+    pid: u32,
 }
 
 type Http = Client<HttpConnector, Full<Bytes>>;
@@ -560,9 +569,19 @@ struct Stats {
     busy: Duration,
     latencies: Vec<Duration>,
     failures: BTreeMap<Failure, usize>,
+    /// CPU seconds the system used over its batches, when `/proc` could be read before and after each.
+    cpu: Option<f64>,
 }
 
 impl Stats {
+    /// CPU microseconds per successful request.
+    fn cpu_us_per_request(&self) -> f64 {
+        match self.cpu {
+            Some(cpu) if self.requests > 0 => cpu * 1e6 / self.requests as f64,
+            _ => f64::NAN,
+        }
+    }
+
     fn failed(&self) -> usize {
         self.failures.values().sum()
     }
@@ -577,6 +596,69 @@ impl Stats {
             .map(|(kind, n)| format!("{} {n}", kind.name()))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// Rounds of the paired before-and-after comparison per mode and level.
+const PAIRS: usize = 16;
+
+/// The paired comparison's per-round ratios (this build's throughput over the baseline's), sorted.
+struct PairedRatio {
+    ratios: Vec<f64>,
+}
+
+impl PairedRatio {
+    fn quantile(&self, q: f64) -> f64 {
+        if self.ratios.is_empty() {
+            return f64::NAN;
+        }
+        self.ratios[((self.ratios.len() - 1) as f64 * q).round() as usize]
+    }
+}
+
+/// [`PAIRS`] rounds of one batch through `ours` and one through `base` at `c` clients, the order alternating
+/// from round to round; a round with a failed request in either batch counts neither.
+async fn paired_ratio(client: &Http, ours: &Target, base: &Target, c: usize) -> PairedRatio {
+    // Longer batches than criterion's at low concurrency, so that one round is not a few milliseconds.
+    let batch = (4 * c).max(1024);
+    let rate = |b: &Batch| {
+        b.failures
+            .is_empty()
+            .then(|| b.latencies.len() as f64 / b.elapsed.as_secs_f64())
+    };
+    let mut ratios = Vec::with_capacity(PAIRS);
+    for round in 0..PAIRS {
+        let (first, second) = if round % 2 == 0 {
+            (ours, base)
+        } else {
+            (base, ours)
+        };
+        let a = load(client, first, c, batch).await;
+        let b = load(client, second, c, batch).await;
+        let (ours_batch, base_batch) = if round % 2 == 0 { (a, b) } else { (b, a) };
+        if let (Some(o), Some(b)) = (rate(&ours_batch), rate(&base_batch)) {
+            ratios.push(o / b);
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    PairedRatio { ratios }
+}
+
+/// One system's figures at one mode and level, as the summary reports them.
+struct Row {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    requests: usize,
+    errors: usize,
+    /// CPU microseconds per successful request (NaN where `/proc` could not be read).
+    cpu_us: f64,
+}
+
+impl Row {
+    fn json(&self) -> Value {
+        json!({"rps": self.rps, "p50_ms": self.p50, "p99_ms": self.p99, "requests": self.requests,
+               "errors": self.errors, "cpu_us_per_request": self.cpu_us})
     }
 }
 
@@ -786,6 +868,8 @@ fn main() {
         .spawn()
         .expect("litellm starts");
     let (baseline_child, baseline_addr) = baseline.unzip();
+    let (proxy_pid, litellm_pid) = (proxy.id(), litellm.id());
+    let baseline_pid = baseline_child.as_ref().map(Child::id);
     let _children = Children([proxy, litellm].into_iter().chain(baseline_child).collect());
 
     let client: Http = Client::builder(TokioExecutor::new())
@@ -826,20 +910,23 @@ fn main() {
                 url: format!("http://{proxy_addr}{}", mode.path()),
                 keys: ours_keys.clone(),
                 body: mode.body(&body_messages, "smol"),
+                pid: proxy_pid,
             },
             Target {
                 name: "litellm",
                 url: format!("http://127.0.0.1:{litellm_port}{}", mode.path()),
                 keys: litellm_keys.clone(),
                 body: mode.body(&body_messages, litellm_model),
+                pid: litellm_pid,
             },
         ];
-        if let (Some(addr), Some(keys)) = (&baseline_addr, &baseline_keys) {
+        if let (Some(addr), Some(keys), Some(pid)) = (&baseline_addr, &baseline_keys, baseline_pid) {
             targets.push(Target {
                 name: "baseline",
                 url: format!("http://{addr}{}", mode.path()),
                 keys: keys.clone(),
                 body: mode.body(&body_messages, "smol"),
+                pid,
             });
         }
         if let Some(names) = &systems {
@@ -868,6 +955,7 @@ fn main() {
     });
 
     let stats: Arc<Mutex<BTreeMap<String, Stats>>> = Arc::default();
+    let meter = proc_cpu::CpuMeter::new();
     let mut criterion = Criterion::default()
         .configure_from_args()
         .sample_size(10)
@@ -894,10 +982,18 @@ fn main() {
                         runtime.block_on(async {
                             let mut total = Duration::ZERO;
                             for _ in 0..iters {
+                                let cpu_before = meter.seconds(target.pid);
                                 let done = load(&client, target, c, batch).await;
+                                let cpu = cpu_before.zip(meter.seconds(target.pid)).map(|(b, a)| a - b);
                                 total += done.elapsed;
                                 let mut s = stats.lock().expect("stats");
+                                let first = !s.contains_key(&key);
                                 let entry = s.entry(key.clone()).or_default();
+                                entry.cpu = match (first, entry.cpu, cpu) {
+                                    (true, _, Some(cpu)) => Some(cpu),
+                                    (false, Some(sum), Some(cpu)) => Some(sum + cpu),
+                                    _ => None,
+                                };
                                 entry.requests += done.latencies.len();
                                 entry.busy += done.elapsed;
                                 entry.latencies.extend(done.latencies);
@@ -914,6 +1010,23 @@ fn main() {
         group.finish();
     }
 
+    // With a baseline, the before and after again, paired: batches on the two builds alternate, so that
+    // whatever drifts on the machine during the run weighs on both alike.
+    let paired: Vec<(String, usize, PairedRatio)> = if baseline_addr.is_some() {
+        modes
+            .iter()
+            .flat_map(|&mode| LEVELS.iter().map(move |&c| (mode, c)))
+            .filter_map(|(mode, c)| {
+                let targets = targets(mode);
+                let ours = targets.iter().find(|t| t.name == "arena-rl")?;
+                let base = targets.iter().find(|t| t.name == "baseline")?;
+                let ratio = runtime.block_on(paired_ratio(&client, ours, base, c));
+                Some((mode.name().to_string(), c, ratio))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let (bytes_per_token, measured_tokens) = memory_per_token(&runtime, &body);
     let mut report = serde_json::Map::new();
     println!(
@@ -921,7 +1034,7 @@ fn main() {
         priority.describe()
     );
     println!(
-        "{:<16} {:>5} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8}",
+        "{:<16} {:>5} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>8} {:>8}",
         "mode",
         "c",
         "arena-rl/s",
@@ -932,6 +1045,9 @@ fn main() {
         "llm p99",
         "tput x",
         "p99 /",
+        "ours cpu",
+        "llm cpu",
+        "cpu x",
         "ours err",
         "llm err"
     );
@@ -944,46 +1060,68 @@ fn main() {
             let mut row = |name: &str| {
                 let st = s.entry(format!("{mode}/{name}/{c}")).or_default();
                 st.latencies.sort();
-                let rps = st.requests as f64 / st.busy.as_secs_f64().max(1e-9);
                 if st.failed() > 0 {
                     failures.push(format!("{mode} c={c} {name}: {}", st.failures_text()));
                 }
-                (
-                    rps,
-                    percentile(&st.latencies, 0.5),
-                    percentile(&st.latencies, 0.99),
-                    st.requests,
-                    st.failed(),
-                )
+                Row {
+                    rps: st.requests as f64 / st.busy.as_secs_f64().max(1e-9),
+                    p50: percentile(&st.latencies, 0.5),
+                    p99: percentile(&st.latencies, 0.99),
+                    requests: st.requests,
+                    errors: st.failed(),
+                    cpu_us: st.cpu_us_per_request(),
+                }
             };
-            let (ours_rps, ours_p50, ours_p99, ours_n, ours_err) = row("arena-rl");
-            let (llm_rps, llm_p50, llm_p99, llm_n, llm_err) = row("litellm");
+            let ours = row("arena-rl");
+            let llm = row("litellm");
             println!(
-                "{mode:<16} {c:>5} {ours_rps:>12.0} {llm_rps:>12.1} {ours_p50:>9.2}ms {ours_p99:>9.2}ms {llm_p50:>9.1}ms {llm_p99:>9.1}ms {:>9.1} {:>9.1} {ours_err:>8} {llm_err:>8}",
-                ours_rps / llm_rps,
-                llm_p99 / ours_p99
+                "{mode:<16} {c:>5} {:>12.0} {:>12.1} {:>9.2}ms {:>9.2}ms {:>9.1}ms {:>9.1}ms {:>9.1} {:>9.1} {:>8.0}us {:>8.0}us {:>7.1} {:>8} {:>8}",
+                ours.rps,
+                llm.rps,
+                ours.p50,
+                ours.p99,
+                llm.p50,
+                llm.p99,
+                ours.rps / llm.rps,
+                llm.p99 / ours.p99,
+                ours.cpu_us,
+                llm.cpu_us,
+                llm.cpu_us / ours.cpu_us,
+                ours.errors,
+                llm.errors,
             );
-            let mut entry = json!({"arena_rl": {"rps": ours_rps, "p50_ms": ours_p50, "p99_ms": ours_p99, "requests": ours_n, "errors": ours_err},
-                       "litellm": {"rps": llm_rps, "p50_ms": llm_p50, "p99_ms": llm_p99, "requests": llm_n, "errors": llm_err},
-                       "throughput_ratio": ours_rps / llm_rps, "p99_ratio": llm_p99 / ours_p99});
+            let mut entry = json!({"arena_rl": ours.json(), "litellm": llm.json(),
+                       "throughput_ratio": ours.rps / llm.rps, "p99_ratio": llm.p99 / ours.p99,
+                       "cpu_ratio": llm.cpu_us / ours.cpu_us});
             if baseline_addr.is_some() {
-                let (base_rps, base_p50, base_p99, base_n, base_err) = row("baseline");
+                let base = row("baseline");
                 baseline_rows.push(format!(
-                    "{mode:<16} {c:>5} {base_rps:>12.0} {base_p50:>9.2}ms {base_p99:>9.2}ms {:>11.1} {:>11.1} {:>9.3} {base_err:>8}",
-                    base_rps / llm_rps,
-                    ours_rps / llm_rps,
-                    ours_rps / base_rps
+                    "{mode:<16} {c:>5} {:>12.0} {:>9.2}ms {:>9.2}ms {:>11.1} {:>11.1} {:>9.3} {:>8.0}us {:>8.0}us {:>9.3} {:>8}",
+                    base.rps,
+                    base.p50,
+                    base.p99,
+                    base.rps / llm.rps,
+                    ours.rps / llm.rps,
+                    ours.rps / base.rps,
+                    base.cpu_us,
+                    ours.cpu_us,
+                    base.cpu_us / ours.cpu_us,
+                    base.errors,
                 ));
-                entry["baseline"] = json!({"rps": base_rps, "p50_ms": base_p50, "p99_ms": base_p99, "requests": base_n, "errors": base_err,
-                                           "throughput_ratio": base_rps / llm_rps});
-                entry["after_over_before"] = json!(ours_rps / base_rps);
+                let mut baseline = base.json();
+                baseline["throughput_ratio"] = json!(base.rps / llm.rps);
+                entry["baseline"] = baseline;
+                entry["after_over_before"] = json!(ours.rps / base.rps);
+                entry["cpu_before_over_after"] = json!(base.cpu_us / ours.cpu_us);
             }
             report.insert(format!("{mode}/{c}"), entry);
         }
     }
     if !baseline_rows.is_empty() {
         println!(
-            "\nbefore and after, same run: the baseline build's proxy against LiteLLM, beside this build's\n{:<16} {:>5} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>8}",
+            "\nbefore and after, same run: the baseline build's proxy against LiteLLM, beside this build's \
+             (after/bef: throughput, this build over the baseline; cpu b/a: CPU per request, the baseline's over \
+             this build's; above 1 means this build is faster)\n{:<16} {:>5} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>10} {:>10} {:>9} {:>8}",
             "mode",
             "c",
             "baseline/s",
@@ -992,11 +1130,38 @@ fn main() {
             "base tput x",
             "ours tput x",
             "after/bef",
+            "base cpu",
+            "ours cpu",
+            "cpu b/a",
             "base err"
         );
         for row in &baseline_rows {
             println!("{row}");
         }
+    }
+    if !paired.is_empty() {
+        println!(
+            "\nbefore and after, paired: {PAIRS} rounds per point, each one batch on this build and one on the baseline \
+             in alternating order; the ratio of each round's throughputs (this build over the baseline; above 1 means \
+             this build is faster)\n{:<16} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "mode", "c", "min", "p25", "median", "p75", "max"
+        );
+        let mut json_pairs = serde_json::Map::new();
+        for (mode, c, r) in &paired {
+            println!(
+                "{mode:<16} {c:>5} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+                r.quantile(0.0),
+                r.quantile(0.25),
+                r.quantile(0.5),
+                r.quantile(0.75),
+                r.quantile(1.0)
+            );
+            json_pairs.insert(
+                format!("{mode}/{c}"),
+                json!({"median": r.quantile(0.5), "p25": r.quantile(0.25), "p75": r.quantile(0.75), "rounds": r.ratios}),
+            );
+        }
+        report.insert("paired_after_over_before".into(), Value::Object(json_pairs));
     }
     if failures.is_empty() {
         println!("no request failed");
