@@ -34,6 +34,18 @@ pub(crate) struct Args {
     /// 0-4 for "smallest") rather than from all ten; 0 makes them uniformly random.
     #[arg(long)]
     warmup_family_prior: Option<f64>,
+    /// Width of the tiny policy's residual stream (default 96).
+    #[arg(long)]
+    hidden_size: Option<usize>,
+    /// Width of its SwiGLU MLP (default three times the hidden size).
+    #[arg(long)]
+    intermediate_size: Option<usize>,
+    /// Its decoder layers (default 3).
+    #[arg(long)]
+    num_layers: Option<usize>,
+    /// Its attention heads (default 3; the hidden size must split into even-width heads).
+    #[arg(long)]
+    num_heads: Option<usize>,
     /// Only load and validate the config (with the overrides), print the resolved Streams, and exit.
     #[arg(long)]
     check: bool,
@@ -73,15 +85,13 @@ pub(crate) fn run(args: Args) -> Result<()> {
         );
         warmup.family_prior = p;
     }
+    let spec = args.policy_spec()?;
     if args.prepare_policy {
-        return prepare_policy(&args.overrides, args.seed, &warmup);
+        return prepare_policy(&args.overrides, &spec, &warmup);
     }
     let options = Options {
         overrides: args.overrides,
-        policy: PolicySpec {
-            seed: args.seed,
-            ..PolicySpec::default()
-        },
+        policy: spec,
         warmup,
         fresh_trial: true,
         step: Box::new(|config, _| {
@@ -98,19 +108,45 @@ pub(crate) fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+impl Args {
+    /// The tiny policy of `--seed` and the size flags; every problem with it in one error.
+    fn policy_spec(&self) -> Result<PolicySpec> {
+        let mut spec = PolicySpec {
+            seed: self.seed,
+            ..PolicySpec::default()
+        };
+        if let Some(width) = self.hidden_size {
+            spec.hidden_size = width;
+            spec.intermediate_size = 3 * width;
+        }
+        if let Some(n) = self.intermediate_size {
+            spec.intermediate_size = n;
+        }
+        if let Some(n) = self.num_layers {
+            spec.num_layers = n;
+        }
+        if let Some(n) = self.num_heads {
+            spec.num_heads = n;
+        }
+        let problems = spec.problems();
+        anyhow::ensure!(
+            problems.is_empty(),
+            "the policy size flags do not make a policy: {}",
+            problems.join("; ")
+        );
+        Ok(spec)
+    }
+}
+
 /// `--prepare-policy`: the warmed-up policy folder on stdout.
-fn prepare_policy(overrides: &[String], seed: u64, warmup: &WarmupSettings) -> Result<()> {
+fn prepare_policy(overrides: &[String], spec: &PolicySpec, warmup: &WarmupSettings) -> Result<()> {
     let config = quickstart::load_config(overrides, false, &Env::from_process())?;
-    let spec = PolicySpec {
-        seed,
-        ..PolicySpec::default()
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let prepared = runtime.block_on(quickstart::prepare(
-        &spec,
+        spec,
         warmup,
         &quickstart::policy_cache(&config),
         config.metrics.progress,

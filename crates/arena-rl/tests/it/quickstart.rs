@@ -119,14 +119,15 @@ fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
 /// comparison.
 ///
 /// The trained run keeps the learning rate constant (`actor.lr_scheduler_type=constant`): the quickstart's
-/// cosine decays over its 300 steps, so from the end of its 15-step warm-up to step 50 it runs at 97-100%
+/// cosine decays over its 450 steps, so from the end of its 23-step warm-up to step 50 it runs at 99-100%
 /// of the peak rate, while a cosine over only 50 steps would spend half of them below 55% of it.
 ///
 /// Up to [`ATTEMPTS`] trained runs, because about one run in five of this tiny policy collapses instead of
 /// learning, and a collapse is absorbing: the policy starts ending its first turn right after the key's
 /// digit (`"key": "x8` then end of turn, no tool call parsed, reward 0), mostly on "smallest" questions,
-/// until every group of that family scores 0 and none trains. Measured on 2 cores, 60-step runs against a
-/// control of about 0.31, five runs per setting: constant rate 0.315, 0.649, 0.766, 0.760, 0.000; with
+/// until every group of that family scores 0 and none trains. Measured on 2 cores with the earlier policy
+/// (0.9M parameters, entropy bonus 0.02, no KL penalty), 60-step runs against a control of about 0.31, five
+/// runs per setting: constant rate 0.315, 0.649, 0.766, 0.760, 0.000; with
 /// `use_decoupled_loss` and `recompute_logprob` 0.709, 0.744, 0.770, 0.198, 0.717; without the entropy
 /// bonus 0.774, 0.768, 0.570, 0.581, 0.403; 16 samples of 4 prompts 0.675, 0.297, 0.640, 0.231, 0.690;
 /// 50-step runs, constant rate 0.646, 0.761, 0.658, and the quickstart's cosine over 50 steps 0.573,
