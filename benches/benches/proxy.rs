@@ -15,8 +15,9 @@
 //! `c` clients sending a batch of requests at concurrency 1, 64 and 1024; criterion reports requests per
 //! second, and the summary at the end prints throughput, p50/p99 latency (to the last byte), each system's
 //! CPU time per request (its process tree's user and system time over its batches, from `/proc`: what a
-//! request costs, whether the system was saturated or waiting), their ratios, the machine's load average, and the proxy's retained heap bytes per stored token (measured in this
-//! process with a counting allocator). The summary is also written to
+//! request costs, whether the system was saturated or waiting), their ratios, the machine's load average,
+//! and the proxy's retained heap bytes per stored token (measured in this process with a counting
+//! allocator). The summary is also written to
 //! `<target>/criterion/proxy-summary.json`. `ARENA_RL_PROXY_BENCH_MODES` (comma-separated mode names)
 //! limits the run to some modes. A request that fails (a connection refused or reset after five retries,
 //! one broken before the answer, a body broken off, a status that is not a success) is counted by kind and
@@ -31,9 +32,9 @@
 //! that a change's before and after are measured against LiteLLM in the same run; the summary then gives
 //! both ratios and the current build's ratio over the baseline's. Since a single point moves by 20-40%
 //! between runs on a small VM (and the CPU per request moves with it: the variation is in the work a
-//! request costs, not in waiting), the before and after are also measured paired: per mode and level, 16 rounds of one batch on
-//! each build, the order alternating, and the quantiles of the rounds' throughput ratios; drift during the
-//! run then weighs on both builds alike. The SGLang fake both proxies talk to
+//! request costs, not in waiting), the before and after are also measured paired: per mode and level, 16
+//! rounds of one batch on each build, the order alternating, and the quantiles of the rounds' throughput
+//! ratios; drift during the run then weighs on both builds alike. The SGLang fake both proxies talk to
 //! reports its context length (as a server started with `--context-length` does), which clients from
 //! before `/v1/models` was read need.
 //!
