@@ -40,9 +40,10 @@ const QUERY_BLOCK: usize = 64;
 /// more than the second core saves.
 const PARALLEL_ROWS: usize = 32;
 
-/// A weight of at least this many elements (an output projection over the vocabulary) is split over
-/// threads even for few rows.
-const PARALLEL_WEIGHT: usize = 1 << 20;
+/// A weight of at least this many elements is split over threads even for few rows: an output projection
+/// over the vocabulary, and the projections of a model of SmolLM2-135M's width (576 by 1536: one thread
+/// for those left the second core idle through most of a decode step at batch 16).
+const PARALLEL_WEIGHT: usize = 1 << 18;
 
 /// Below this many multiply-adds a projection stays on one thread.
 const PARALLEL_WORK: usize = 1 << 16;

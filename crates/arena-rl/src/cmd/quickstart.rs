@@ -131,7 +131,12 @@ impl Args {
         let problems = spec.problems();
         anyhow::ensure!(
             problems.is_empty(),
-            "the policy size flags do not make a policy: {}",
+            "the policy size flags (--hidden-size {}, --intermediate-size {}, --num-layers {}, --num-heads {}) \
+             do not make a policy: {}",
+            spec.hidden_size,
+            spec.intermediate_size,
+            spec.num_layers,
+            spec.num_heads,
             problems.join("; ")
         );
         Ok(spec)

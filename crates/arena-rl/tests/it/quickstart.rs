@@ -112,6 +112,33 @@ fn a_short_quickstart_builds_warms_up_trains_and_says_where_everything_is() {
     assert!(stdout2.contains("(cached)"), "{stdout2}");
 }
 
+/// The size flags that cannot make a policy are refused before anything is built, in one error that names
+/// the sizes in effect and every problem.
+#[test]
+fn policy_size_flags_that_make_no_policy_are_refused_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
+        .args(["quickstart", "--prepare-policy", "--hidden-size", "96"])
+        .args(["--num-heads", "5", "--num-layers", "0"])
+        .arg(format!("cluster.fileroot={}", root.path().display()))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the arena-rl binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for needle in [
+        "--hidden-size 96, --intermediate-size 288, --num-layers 0, --num-heads 5",
+        "num_layers must be positive",
+        "hidden_size 96 is not a multiple of num_heads 5",
+    ] {
+        assert!(stderr.contains(needle), "no {needle:?} in:\n{stderr}");
+    }
+    assert!(
+        !root.path().join("quickstart-policy").exists(),
+        "nothing is built"
+    );
+}
+
 /// The README's headline, asserted: the quickstart at a reduced scale (800 warm-up steps, 50 GRPO steps)
 /// learns, and its `actor.lr=0` control, the same run with frozen weights, does not. A trained run's
 /// last-10-step mean reward must be at least 0.2 above the control's mean. A frozen policy's reward has the
