@@ -570,17 +570,19 @@ struct Stats {
     busy: Duration,
     latencies: Vec<Duration>,
     failures: BTreeMap<Failure, usize>,
-    /// CPU seconds the system used over its batches, when `/proc` could be read before and after each.
-    cpu: Option<f64>,
+    /// CPU seconds the system used over its batches.
+    cpu: f64,
+    /// Whether `/proc` could not be read around some batch (then `cpu` is not the whole).
+    cpu_unread: bool,
 }
 
 impl Stats {
     /// CPU microseconds per successful request.
     fn cpu_us_per_request(&self) -> f64 {
-        match self.cpu {
-            Some(cpu) if self.requests > 0 => cpu * 1e6 / self.requests as f64,
-            _ => f64::NAN,
+        if self.cpu_unread || self.requests == 0 {
+            return f64::NAN;
         }
+        self.cpu * 1e6 / self.requests as f64
     }
 
     fn failed(&self) -> usize {
@@ -988,13 +990,11 @@ fn main() {
                                 let cpu = cpu_before.zip(meter.seconds(target.pid)).map(|(b, a)| a - b);
                                 total += done.elapsed;
                                 let mut s = stats.lock().expect("stats");
-                                let first = !s.contains_key(&key);
                                 let entry = s.entry(key.clone()).or_default();
-                                entry.cpu = match (first, entry.cpu, cpu) {
-                                    (true, _, Some(cpu)) => Some(cpu),
-                                    (false, Some(sum), Some(cpu)) => Some(sum + cpu),
-                                    _ => None,
-                                };
+                                match cpu {
+                                    Some(cpu) => entry.cpu += cpu,
+                                    None => entry.cpu_unread = true,
+                                }
                                 entry.requests += done.latencies.len();
                                 entry.busy += done.elapsed;
                                 entry.latencies.extend(done.latencies);
