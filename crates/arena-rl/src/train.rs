@@ -4,8 +4,9 @@
 //! The loop only needs the trait: a step takes one batch and may return new weights, in memory (swapped into
 //! the in-process policy) or on disk (loaded by `update_weights_from_disk` on the in-process policy or on
 //! every SGLang-protocol policy server); `save`/`load` write and read the step's own state inside a checkpoint
-//! directory the loop manages (with `trainer::Checkpoints`). [`GrpoStep`] is the real update (`trainer`'s
-//! GRPO step); [`FrozenPolicy`] keeps the weights as they are (for the fake engine, which cannot learn).
+//! directory the loop manages (with `trainer::Checkpoints`). [`GrpoStep`] is the real update, over a
+//! [`TrainEngine`]: [`BurnEngine`] (`trainer`'s GRPO step, the default); [`FrozenPolicy`] keeps the weights
+//! as they are (for the fake engine, which cannot learn).
 
 use std::path::{Path, PathBuf};
 
@@ -14,8 +15,12 @@ use reward_routing::{Group, RewardConfig};
 use crate::error::{Context as _, Result};
 use crate::journal::{RolloutRecord, SampleKey};
 
+mod burn;
+mod engine;
 mod grpo;
 
+pub use burn::BurnEngine;
+pub use engine::TrainEngine;
 pub use grpo::{GrpoStep, to_rl_batch};
 
 /// One trajectory with its sample's advantage: the unit the trainer consumes.

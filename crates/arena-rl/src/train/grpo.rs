@@ -1,45 +1,42 @@
-//! [`GrpoStep`]: the loop's training step backed by `trainer::Trainer`.
+//! [`GrpoStep`]: the loop's training step, over a [`TrainEngine`] (burn by default).
 //!
-//! It turns the loop's [`TrainBatch`] into the trainer's `RlBatch` (masks to booleans, one advantage per
-//! trajectory, the groups' sizes for group-level `actor.adv_norm`), takes one GRPO step, and returns the new
-//! weights: in memory for the in-process policy, or as a Hugging Face folder under `<run dir>/weights` for
-//! `rollout.policy_servers`. Its state in a checkpoint is the trainer's (`Trainer::save_state`: the model as
-//! a Hugging Face folder, AdamW moments, step count); the loop's own state rides in the checkpoint's caller
-//! blob.
+//! What does not depend on the engine lives here, once: a batch with no trained token is skipped (with a
+//! warning when that goes on), the share of tokens sampled off `gconfig.temperature` is noted and
+//! reported, and the engine's `trainer::StepStats` become the step's `train/...` metrics, so the names are
+//! the same whichever engine trained. The engine takes the step and hands out the new weights: in memory
+//! for the in-process policy, or as a Hugging Face folder for policy servers (and always a folder from the
+//! FSDP2 engine, which trains in other processes). Its state in a checkpoint is the engine's; the loop's
+//! own state rides in the checkpoint's caller blob.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use stream_config::RunConfig;
-use trainer::{RlBatch, SaveDtype, TrainConfig, TrainSequence, Trainer, TrainerOptions};
+use trainer::{RlBatch, TrainSequence};
 
+use super::burn::BurnEngine;
+use super::engine::TrainEngine;
 use super::{NewWeights, StepOutput, TrainBatch, TrainStep};
-use crate::error::{Context as _, Error, Result};
+use crate::error::Result;
 use crate::run::settings;
 
-/// Where new weights go after each step.
-#[derive(Debug, Clone)]
-enum Publish {
-    /// Swapped into the in-process policy.
-    InMemory,
-    /// Written as a Hugging Face folder under this directory for policy servers to load; the newest `keep`
-    /// folders are kept.
-    OnDisk { dir: PathBuf, keep: usize },
-}
-
 /// The GRPO training step of `arena-rl train`.
-#[derive(Debug)]
 pub struct GrpoStep {
-    model_dir: PathBuf,
-    config: TrainConfig,
-    warmup_steps_proportion: f64,
-    options: TrainerOptions,
-    memory: trainer::MemoryConfig,
-    publish: Publish,
-    trainer: Option<Trainer>,
+    engine: Box<dyn TrainEngine>,
+    /// `gconfig.temperature` as the trainer scores tokens that record none.
+    temperature: f64,
     /// Steps in a row that had no trainable group.
     skipped_in_a_row: u64,
     /// The note that tokens were sampled off `gconfig.temperature` was given.
     warned_temperature: bool,
+}
+
+impl std::fmt::Debug for GrpoStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpoStep")
+            .field("temperature", &self.temperature)
+            .field("skipped_in_a_row", &self.skipped_in_a_row)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether the `n`th skipped step in a row deserves a warning: at 10, 100, 1000... in a row. A single
@@ -50,76 +47,25 @@ fn warn_after_skips(n: u64) -> bool {
 }
 
 impl GrpoStep {
-    /// The step a run config describes: `model.path`, the trainer's settings
-    /// ([`settings::train_config`], [`settings::trainer_options`]) and where new weights go.
-    /// Nothing is loaded until [`TrainStep::begin`].
+    /// The step a run config describes: the engine `actor.backend` names, with `model.path` and the
+    /// trainer's settings ([`settings::train_config`], [`settings::trainer_options`]), and where new weights
+    /// go. Nothing is loaded until [`TrainStep::begin`].
     pub fn from_run_config(config: &RunConfig, run_dir: &Path) -> Result<Self> {
-        let publish = if config.rollout.policy_servers.is_empty() {
-            Publish::InMemory
-        } else {
-            Publish::OnDisk {
-                dir: run_dir.join("weights"),
-                keep: 2,
-            }
-        };
-        Ok(Self {
-            model_dir: PathBuf::from(&config.model.path),
-            config: settings::train_config(config),
-            warmup_steps_proportion: config.actor.warmup_steps_proportion,
-            options: settings::trainer_options(config)?,
-            memory: settings::memory_config(config),
-            publish,
-            trainer: None,
+        let engine: Box<dyn TrainEngine> = Box::new(BurnEngine::from_run_config(config, run_dir)?);
+        Ok(Self::with_engine(
+            engine,
+            settings::train_config(config).ppo.temperature,
+        ))
+    }
+
+    /// A step over `engine`; `temperature` is the one tokens that record none are scored at.
+    pub fn with_engine(engine: Box<dyn TrainEngine>, temperature: f64) -> Self {
+        Self {
+            engine,
+            temperature,
             skipped_in_a_row: 0,
             warned_temperature: false,
-        })
-    }
-
-    fn trainer(&mut self) -> Result<&mut Trainer> {
-        self.trainer.as_mut().ok_or_else(not_begun)
-    }
-
-    /// Writes the current weights as a Hugging Face folder for the policy servers, keeping the newest few.
-    fn publish_to_disk(&self, trainer: &Trainer, dir: &Path, keep: usize) -> Result<PathBuf> {
-        let out = dir.join(format!("step-{}", trainer.steps()));
-        let tmp = dir.join(format!(".step-{}.tmp", trainer.steps()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        trainer::save_pretrained(
-            &tmp,
-            trainer.model_config(),
-            &trainer.weights(),
-            SaveDtype::F32,
-            None,
-        )
-        .with_context(|| format!("cannot save weights to {}", tmp.display()))?;
-        trainer::ModelFolder::open(&self.model_dir)
-            .and_then(|folder| folder.copy_tokenizer_files(&tmp))
-            .with_context(|| format!("cannot copy the tokenizer into {}", tmp.display()))?;
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::rename(&tmp, &out)
-            .with_context(|| format!("cannot publish weights to {}", out.display()))?;
-        let mut old: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot list {}", dir.display()))?
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let n = name.strip_prefix("step-")?.parse::<u64>().ok()?;
-                Some((n, e.path()))
-            })
-            .collect();
-        old.sort();
-        for (_, path) in old.iter().take(old.len().saturating_sub(keep)) {
-            let _ = std::fs::remove_dir_all(path);
         }
-        Ok(out)
-    }
-
-    fn weights_out(&self) -> Result<NewWeights> {
-        let trainer = self.trainer.as_ref().ok_or_else(not_begun)?;
-        Ok(match &self.publish {
-            Publish::InMemory => NewWeights::InMemory(trainer.weights()),
-            Publish::OnDisk { dir, keep } => NewWeights::OnDisk(self.publish_to_disk(trainer, dir, *keep)?),
-        })
     }
 }
 
@@ -183,22 +129,7 @@ pub fn to_rl_batch(batch: &TrainBatch) -> RlBatch {
 
 impl TrainStep for GrpoStep {
     fn begin(&mut self, total_steps: u64) -> Result<()> {
-        let mut config = self.config.clone();
-        config.schedule.total_steps = total_steps.max(1);
-        config.schedule.warmup_steps = (self.warmup_steps_proportion * total_steps as f64) as u64;
-        let mut trainer = Trainer::load(&self.model_dir, config, self.options.clone())
-            .with_context(|| format!("loading {} for training", self.model_dir.display()))?;
-        trainer
-            .set_memory(self.memory)
-            .context("actor.recompute_layers")?;
-        tracing::info!(
-            model = %self.model_dir.display(),
-            device = %self.options.device,
-            total_steps,
-            "GRPO trainer ready"
-        );
-        self.trainer = Some(trainer);
-        Ok(())
+        self.engine.begin(total_steps)
     }
 
     fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput> {
@@ -223,13 +154,13 @@ impl TrainStep for GrpoStep {
             });
         }
         self.skipped_in_a_row = 0;
-        let off = off_temperature_share(batch, self.config.ppo.temperature);
+        let off = off_temperature_share(batch, self.temperature);
         if off > 0.0 && !self.warned_temperature {
             self.warned_temperature = true;
             tracing::info!(
                 step,
                 share = off,
-                temperature = self.config.ppo.temperature,
+                temperature = self.temperature,
                 "some trained tokens were sampled at another temperature than gconfig.temperature (a harness \
                  sent its own); the trainer scores each token at the temperature it was sampled at, so the \
                  update is right, but the run does not sample at gconfig.temperature: set \
@@ -237,37 +168,24 @@ impl TrainStep for GrpoStep {
                  per step)"
             );
         }
-        let rl = to_rl_batch(batch);
-        let stats = self
-            .trainer()?
-            .grpo_step(&rl)
-            .with_context(|| format!("GRPO step {step}"))?;
+        let stats = self.engine.grpo_step(step, batch)?;
         tracing::debug!(step, loss = stats.loss, grad_norm = stats.grad_norm, "GRPO step");
         let mut metrics = stats.records("train/");
         metrics.push(("train/off_temperature_tokens".to_string(), off));
         Ok(StepOutput {
             metrics,
-            weights: self.weights_out()?,
+            weights: self.engine.weights()?,
         })
     }
 
     fn save(&mut self, dir: &Path) -> Result<()> {
-        self.trainer()?
-            .save_state(dir)
-            .with_context(|| format!("saving the trainer into {}", dir.display()))
+        self.engine.save(dir)
     }
 
     fn load(&mut self, dir: &Path) -> Result<NewWeights> {
-        let trainer = self.trainer()?;
-        trainer
-            .load_state(dir)
-            .with_context(|| format!("restoring the trainer from {}", dir.display()))?;
-        self.weights_out()
+        self.engine.load(dir)?;
+        self.engine.weights()
     }
-}
-
-fn not_begun() -> Error {
-    Error::Invalid("the GRPO step was used before the loop began it".into())
 }
 
 #[cfg(test)]
