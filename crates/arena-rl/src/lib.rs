@@ -21,6 +21,7 @@
 
 pub mod engine;
 pub mod error;
+mod fsutil;
 pub mod journal;
 pub mod observe;
 pub mod proxy_control;

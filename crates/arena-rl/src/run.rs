@@ -27,12 +27,15 @@ pub use setup::{Plugins, Run, RunPaths, setup};
 
 use crate::error::{Context as _, Result};
 
-/// Writes the run's config, redacted, as `<run dir>/config.yaml`.
+/// Writes the run's config, redacted by name, place and value ([`stream_config::redact`] with the run's
+/// secrets), as `<run dir>/config.yaml`: mode 0600, through a synced temporary file and a rename, so a kill
+/// leaves the old file or the new one and no reader on a shared file root ever sees it.
 fn save_config(run: &Run) -> Result<()> {
     let dir = &run.paths.run_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let yaml = run.config.to_redacted_yaml()?;
-    std::fs::write(dir.join("config.yaml"), yaml).context("cannot save the redacted run config")
+    let yaml = run.config.to_redacted_yaml(&run.secrets)?;
+    crate::fsutil::write_private(&dir.join("config.yaml"), yaml.as_bytes())
+        .context("cannot save the redacted run config")
 }
 
 /// Closes the session-gateway registry, deleting its routes; failures are logged.

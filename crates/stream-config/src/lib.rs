@@ -15,7 +15,8 @@
 //!   the Harness protocol.
 //! - **Mixture** ([`mixture::build_weighted_rows`]): deterministic, weighted, without replacement.
 //! - **Projection** ([`project_streams`]) of a config's Streams to the base64 YAML preflight takes.
-//! - **Redaction** ([`redact`]) of credentials in any config tree before it is saved or printed.
+//! - **Redaction** ([`redact`]) of credentials in any config tree before it is saved or printed: by key name,
+//!   by place (`task_envs`, the base64 Stream list) and by the value of every known secret ([`Secrets`]).
 //!
 //! What it does not do: talk to Arena, spawn tasks, or read the process environment anywhere but
 //! [`Env::from_process`] (every loader takes an [`Env`], so tests pass a map).
@@ -49,7 +50,9 @@ pub use env::Env;
 pub use error::{Error, Problem, Problems, Result};
 pub use load::{ENV_PREFIX, REFERENCE_ENV_VARS, load_run_config, load_run_config_str};
 pub use projection::{Projection, project_streams, render_streams_yaml};
-pub use redact::{REDACTED, is_sensitive_key, redact};
+pub use redact::{
+    MIN_SUBSTRING_LEN, REDACTED, SECRET_ENV_VARS, Secrets, is_secret_env_name, is_sensitive_key, redact,
+};
 pub use schema::{
     ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
     GenerationConfig, HarnessSampling, KlEstimator, LossAggMode, LrSchedulerType, MetricsSection,

@@ -125,11 +125,11 @@ pub fn project_streams(path: &Path, env: &Env) -> Result<Projection> {
     ))
 }
 
-/// Renders streams as the YAML document `streams: [...]` for people to read: credentials in `task_envs`
-/// (see [`crate::is_sensitive_key`]) are redacted.
+/// Renders streams as the YAML document `streams: [...]` for people to read: every `task_envs` value and
+/// any other credential is redacted ([`crate::redact`]).
 pub fn render_streams_yaml(streams: &[StreamConfig]) -> Result<String> {
     let value = serde_json::to_value(streams).map_err(|e| Error::Invalid(e.to_string()))?;
-    let value = crate::redact(&value);
+    let value = crate::redact(&value, &crate::Secrets::none());
     Ok(render(Value::Object(
         [("streams".to_string(), value)].into_iter().collect(),
     ))?

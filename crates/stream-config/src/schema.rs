@@ -612,16 +612,23 @@ impl RunConfig {
 }
 
 impl RunConfig {
-    /// The config as it is saved or printed: serialised, then passed through [`crate::redact`].
-    pub fn to_redacted_json(&self) -> crate::Result<serde_json::Value> {
+    /// The credentials this run reads from `env`, redacted by value wherever they appear: see
+    /// [`crate::Secrets::from_env`]; the admin key is read from `proxy.admin_key_env`.
+    pub fn secrets(&self, env: &Env) -> crate::Secrets {
+        crate::Secrets::from_env(env, &[self.proxy.admin_key_env.as_str()])
+    }
+
+    /// The config as it is saved or printed: serialised, then passed through [`crate::redact`] with
+    /// `secrets` (usually [`RunConfig::secrets`], with any key the run generated added).
+    pub fn to_redacted_json(&self, secrets: &crate::Secrets) -> crate::Result<serde_json::Value> {
         let value = serde_json::to_value(self)
             .map_err(|e| crate::Error::Invalid(format!("cannot serialise the run config: {e}")))?;
-        Ok(crate::redact(&value))
+        Ok(crate::redact(&value, secrets))
     }
 
     /// [`RunConfig::to_redacted_json`] as YAML.
-    pub fn to_redacted_yaml(&self) -> crate::Result<String> {
-        serde_saphyr::to_string(&self.to_redacted_json()?)
+    pub fn to_redacted_yaml(&self, secrets: &crate::Secrets) -> crate::Result<String> {
+        serde_saphyr::to_string(&self.to_redacted_json(secrets)?)
             .map_err(|e| crate::Error::Invalid(format!("cannot write the run config as YAML: {e}")))
     }
 }

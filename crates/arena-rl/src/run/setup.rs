@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicU64;
 use arena_client::{ArenaClient, Party, RouteRegistry, RouteSetup};
 use reward_routing::{AuditConfig, AuditWriter, RewardConfig, TransformRegistry};
 use rollout_proxy::{ChatModel, ProxyServer, ProxyState};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret as _, SecretString};
 use stream_config::{Env, RouteMode, RunConfig};
 use tokio::sync::Semaphore;
 
@@ -92,6 +92,9 @@ pub struct Run {
     pub reward: RewardConfig,
     /// Leftovers cleaned at start: `(routes deleted, tasks cancelled)`.
     pub cleaned: (usize, usize),
+    /// Every secret the run knows (its credentials from the environment, the proxy's admin and gateway keys,
+    /// every Stream's `task_envs` values), redacted by value from whatever the run saves.
+    pub secrets: stream_config::Secrets,
 }
 
 /// `model.path`, which must be a directory.
@@ -125,6 +128,7 @@ struct StartedProxy {
     state: ProxyState,
     control: ProxyControl,
     public_url: String,
+    admin: SecretString,
 }
 
 /// Sets a run up: paths, journal, leftovers, Arena, streams and rows, proxy, engine, routing.
@@ -159,6 +163,14 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
     };
     let reward = settings::reward_config(&config);
     reward.validate().context("the reward settings")?;
+    let mut secrets = config.secrets(env);
+    secrets.add(proxy.admin.expose_secret());
+    if let Some(key) = &gateway_key {
+        secrets.add(key.expose_secret());
+    }
+    for stream in &healthy {
+        stream.config.task_envs.values().for_each(|v| secrets.add(v));
+    }
     let token_state = proxy.state.clone();
     let workflow = Arc::new(Workflow {
         client,
@@ -198,6 +210,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         proxy: proxy.server,
         reward,
         cleaned,
+        secrets,
     })
 }
 
@@ -364,12 +377,13 @@ async fn start_proxy(
     } else {
         format!("http://{bound}")
     };
-    let control = ProxyControl::new(&control_base, admin)?;
+    let control = ProxyControl::new(&control_base, admin.clone())?;
     Ok(StartedProxy {
         server,
         state,
         control,
         public_url,
+        admin,
     })
 }
 

@@ -400,13 +400,29 @@ async fn rows_route_through_their_stream_and_audit_0600_8_2_21() {
         &sim,
         root.path(),
         &[
-            "econfig.arena_streams=[{name: b, stream_id: sim-chat, harness: chat-sim@1, task_envs: {MY_FLAG: \"on\"}, reward_threshold: 0.98, reward_transform_fn: astra_partial_reward, expected_reward_ref: {key: sim-grader, version: \"1\"}}]",
+            "econfig.arena_streams=[{name: b, stream_id: sim-chat, harness: chat-sim@1, task_envs: {MY_FLAG: \"on\", GITHUB_PAT: ghp_0123456789}, reward_threshold: 0.98, reward_transform_fn: astra_partial_reward, expected_reward_ref: {key: sim-grader, version: \"1\"}}]",
+            // A credential that ends up in another field (as `${env:ARENA_LLM_API_KEY}` would put it).
+            "trial_name=t-sim-llm-key",
         ],
     )
     .await;
     let launch = &sim.requests_to(Endpoint::LaunchOneTask)[0];
     let body: Value = launch.body.clone().unwrap();
     assert_eq!(body["envs"]["MY_FLAG"], "on");
+    assert_eq!(body["envs"]["GITHUB_PAT"], "ghp_0123456789");
+    // Issue 30 item 8: the saved config is private and withholds every Harness environment value and every
+    // known secret by value (before: mode 0644, `ghp_0123456789` and `sim-llm-key` in clear).
+    use std::os::unix::fs::PermissionsExt as _;
+    let saved_path = summary.run_dir.join("config.yaml");
+    assert_eq!(
+        std::fs::metadata(&saved_path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let saved = std::fs::read_to_string(&saved_path).unwrap();
+    for secret in ["ghp_0123456789", "sim-llm-key", "sim-token", ": on"] {
+        assert!(!saved.contains(secret), "{secret} in the saved config:\n{saved}");
+    }
+    assert!(saved.contains("trial_name: t-<redacted>"), "{saved}");
     assert_eq!(body["harness"], "chat-sim@1");
     // The live reward-ref check before the launch.
     assert!(!sim.requests_to(Endpoint::GetStream).is_empty());
@@ -415,7 +431,6 @@ async fn rows_route_through_their_stream_and_audit_0600_8_2_21() {
     assert_eq!(line["rollout/stream/b/training_score"], 1.0, "{line}");
     let audit = summary.run_dir.join("arena_results");
     let shard = std::fs::read_dir(&audit).unwrap().next().unwrap().unwrap().path();
-    use std::os::unix::fs::PermissionsExt as _;
     assert_eq!(
         std::fs::metadata(&shard).unwrap().permissions().mode() & 0o777,
         0o600

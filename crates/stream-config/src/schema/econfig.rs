@@ -95,31 +95,12 @@ pub struct EConfig {
     pub timeout: Seconds,
 }
 
-/// `Debug` withholds every `task_envs` and `arena_task_envs` value and redacts credentials elsewhere.
+/// `Debug` shows what a saved config shows ([`crate::redact`]): every `task_envs` and `arena_task_envs` value
+/// and the credentials inside `arena_streams_yaml_b64` withheld, credentials elsewhere redacted.
 impl fmt::Debug for EConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut value = serde_json::to_value(self).map_err(|_| fmt::Error)?;
-        hide_env_values(&mut value);
-        write!(f, "EConfig {}", crate::redact(&value))
-    }
-}
-
-fn hide_env_values(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Object(map) => {
-            for (key, v) in map.iter_mut() {
-                match v {
-                    serde_json::Value::Object(envs) if key == "task_envs" || key == "arena_task_envs" => {
-                        for env_value in envs.values_mut() {
-                            *env_value = serde_json::Value::String(crate::REDACTED.to_string());
-                        }
-                    }
-                    other => hide_env_values(other),
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(hide_env_values),
-        _ => {}
+        let value = serde_json::to_value(self).map_err(|_| fmt::Error)?;
+        write!(f, "EConfig {}", crate::redact(&value, &crate::Secrets::none()))
     }
 }
 

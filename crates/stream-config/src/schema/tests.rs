@@ -42,8 +42,13 @@ fn a_saved_config_loads_back_unchanged() {
     config.econfig.arena_reward_threshold = Some(0.98);
     config.econfig.arena_task_envs.insert("K".into(), "v".into());
     config.valid_dataset = Some(DatasetConfig::default());
-    let yaml = config.to_redacted_yaml().unwrap();
+    let yaml = config.to_redacted_yaml(&crate::Secrets::none()).unwrap();
     let back = crate::load_run_config_str("saved.yaml", &yaml, &[], &Env::default()).unwrap();
+    // Everything but the withheld Harness environment values comes back.
+    config
+        .econfig
+        .arena_task_envs
+        .insert("K".into(), crate::REDACTED.into());
     assert_eq!(back, config);
 }
 
@@ -54,9 +59,14 @@ fn saved_configs_are_redacted() {
         .econfig
         .arena_task_envs
         .insert("OPENAI_API_KEY".into(), "sk-live".into());
-    let json = config.to_redacted_json().unwrap();
+    let json = config.to_redacted_json(&crate::Secrets::none()).unwrap();
     assert_eq!(json["econfig"]["arena_task_envs"]["OPENAI_API_KEY"], "<redacted>");
-    assert!(!config.to_redacted_yaml().unwrap().contains("sk-live"));
+    assert!(
+        !config
+            .to_redacted_yaml(&crate::Secrets::none())
+            .unwrap()
+            .contains("sk-live")
+    );
 }
 
 #[test]
@@ -232,7 +242,12 @@ fn model_path_comes_from_model_path_and_the_admin_key_is_never_a_value() {
     let config =
         crate::load_run_config_str("run.yaml", "experiment_name: e\ntrial_name: t\n", &[], &env).unwrap();
     assert_eq!(config.model.path, "/shared/models/m");
-    assert!(!config.to_redacted_yaml().unwrap().contains("s3cret"));
+    assert!(
+        !config
+            .to_redacted_yaml(&config.secrets(&env))
+            .unwrap()
+            .contains("s3cret")
+    );
 }
 
 #[test]
@@ -411,7 +426,10 @@ fn durations_keep_their_plain_number_forms() {
     let c = crate::load_run_config_str("run.yaml", "experiment_name: e\ntrial_name: t\n", &[], &env).unwrap();
     assert_eq!(c.econfig.timeout.duration(), Duration::from_secs(7200));
     // Saved as plain numbers.
-    assert_eq!(c.to_redacted_json().unwrap()["econfig"]["timeout"], 7200.0);
+    assert_eq!(
+        c.to_redacted_json(&crate::Secrets::none()).unwrap()["econfig"]["timeout"],
+        7200.0
+    );
     // YAML's own infinity is one validation problem too.
     let e = crate::load_run_config_str(
         "run.yaml",
@@ -652,4 +670,58 @@ fn held_out_eval_streams_must_be_configured_and_leave_one_to_train_on() {
             && train[0].contains("valid_dataset only"),
         "{train:?}"
     );
+}
+
+/// Issue 30 item 8: before, the saved config held the values of `arena_task_envs` entries whose names were not
+/// credentials (`AWS_SECRET_ACCESS_KEY`, `GITHUB_PAT`), the whole base64 Stream list with the credentials in
+/// it, and any secret interpolated into another field; now none of them appear, and the rest still loads.
+#[test]
+fn saved_configs_withhold_secrets_by_place_and_by_value() {
+    use base64::Engine as _;
+    let streams =
+        "streams:\n  - name: s\n    stream_id: st-1\n    task_envs: {GITHUB_PAT: ghp_streamsecret123}\n";
+    let b64 = base64::engine::general_purpose::STANDARD.encode(streams);
+    let env = Env::from_pairs([
+        ("ARENA_OPENAPI_TOKEN", "tok-openapi-0123456789"),
+        ("ARENA_LLM_API_KEY", "llm-key-0123456789"),
+        ("MY_ADMIN", "admin-0123456789"),
+        ("HF_TOKEN", "hf_0123456789"),
+        ("HOME", "/home/someone"),
+    ]);
+    let yaml = format!(
+        "experiment_name: e\ntrial_name: t-${{env:ARENA_LLM_API_KEY}}\nproxy:\n  admin_key_env: MY_ADMIN\n\
+         model:\n  path: /m/${{env:HF_TOKEN}}/${{env:MY_ADMIN}}\n\
+         econfig:\n  arena_streams_yaml_b64: {b64}\n  arena_task_envs:\n    AWS_SECRET_ACCESS_KEY: aws-secret-0123456789\n\
+         \x20   GITHUB_PAT: ghp_0123456789\n    TRACE: '1'\n    EMPTY: ''\n"
+    );
+    let config = crate::load_run_config_str("run.yaml", &yaml, &[], &env).unwrap();
+    let secrets = config.secrets(&env);
+    assert_eq!(
+        secrets.len(),
+        4,
+        "the token, the LLM key, the configured admin key and HF_TOKEN; not HOME"
+    );
+    let saved = config.to_redacted_yaml(&secrets).unwrap();
+    for secret in [
+        "aws-secret-0123456789",
+        "ghp_0123456789",
+        "ghp_streamsecret123",
+        "llm-key-0123456789",
+        "hf_0123456789",
+        "admin-0123456789",
+        b64.as_str(),
+    ] {
+        assert!(!saved.contains(secret), "{secret} in the saved config:\n{saved}");
+    }
+    let back = crate::load_run_config_str("saved.yaml", &saved, &[], &Env::default()).unwrap();
+    assert_eq!(back.trial_name, "t-<redacted>");
+    assert_eq!(back.model.path, "/m/<redacted>/<redacted>");
+    assert_eq!(back.econfig.arena_task_envs["TRACE"], "<redacted>");
+    assert_eq!(back.econfig.arena_task_envs["EMPTY"], "", "unset stays unset");
+    let streams = crate::load_stream_configs_with_env(&back.econfig, &Env::default()).unwrap();
+    assert_eq!(
+        streams[0].stream_id, "st-1",
+        "the Stream list is still there, its credentials withheld"
+    );
+    assert_eq!(streams[0].task_envs["GITHUB_PAT"], "<redacted>");
 }
