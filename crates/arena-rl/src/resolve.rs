@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use arena_client::{ArenaClient, Dataset, DatasetRow, resolve_protocol};
 use reward_routing::{RewardRule, RewardSettings, RowMeta, TransformRegistry};
+use seeds::splitmix;
 use stream_config::{LlmProtocol, RewardRef, StreamConfig, reward_ref_drift};
 
 use crate::error::{Context as _, Error, Result};
@@ -257,18 +258,9 @@ impl RowCursor {
     }
 }
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// A stable 64-bit seed from text (FNV-1a).
 pub fn seed_of(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    seeds::fnv1a(text.as_bytes())
 }
 
 #[cfg(test)]

@@ -42,7 +42,6 @@
 
 mod admission;
 mod arena;
-mod conn;
 mod control;
 mod error;
 mod fault;
@@ -56,13 +55,13 @@ mod state;
 pub mod tasks;
 mod world;
 
-pub use conn::ConnectionLimits;
 pub use error::{Error, Result};
 pub use fault::{AllEndpoints, Endpoint, EndpointSelector, FaultKind, FaultRule};
 pub use harness::{
     Envelope, Harness, HarnessContext, HarnessOutcome, HarnessRun, LaunchReply, LaunchRequest,
     ScriptedConfig, ScriptedHarness, ScriptedOutcome,
 };
+pub use http_guard::ConnectionLimits;
 pub use preset::{
     QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS, SUMS_EVAL_ROWS,
     SUMS_EVAL_STREAM, SUMS_ROWS, SUMS_STREAM,

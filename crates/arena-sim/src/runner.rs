@@ -25,7 +25,8 @@ use serde_json::{Value, json};
 use stream_config::{LlmProtocol, TaskStatus};
 
 use crate::harness::{Envelope, Harness, HarnessContext, HarnessOutcome};
-use crate::tasks::{Grade, TaskInstance, ToolCall, fnv1a};
+use crate::tasks::{Grade, TaskInstance, ToolCall};
+use seeds::fnv1a;
 
 pub use command::CommandHarness;
 pub use llm::LlmHarness;

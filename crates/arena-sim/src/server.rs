@@ -12,12 +12,12 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::arena::Arena;
-use crate::conn::{ConnectionLimits, serve_with};
 use crate::fault::{Endpoint, FaultRule};
 use crate::harness::{Harness, HarnessSet, ScriptedHarness, lock};
 use crate::state::{ArenaState, Counters, RecordedRequest, RouteInfo, TaskState};
 use crate::world::{RefDef, World};
 use crate::{Error, Result};
+use http_guard::{ConnectionLimits, serve_with};
 
 /// Builds a sim: a world plus harnesses, then [`SimBuilder::start`].
 pub struct SimBuilder {

@@ -21,6 +21,7 @@
 
 use std::fmt;
 
+use seeds::{SplitMix64, fnv1a};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stream_config::LlmProtocol;
@@ -158,12 +159,12 @@ pub struct TaskInstance {
 impl TaskInstance {
     /// The instance of a row: the same `data_id` always gives the same key and digits, on every machine.
     pub fn from_data_id(family: TaskFamily, data_id: &str) -> Self {
-        let mut rng = SplitMix(fnv1a(data_id.as_bytes()));
-        let letter = char::from(b'a' + (rng.next() % 26) as u8);
-        let key = format!("{letter}{}", rng.next() % 10);
+        let mut rng = SplitMix64::new(fnv1a(data_id.as_bytes()));
+        let letter = char::from(b'a' + (rng.next_u64() % 26) as u8);
+        let key = format!("{letter}{}", rng.next_u64() % 10);
         let mut digits = [0u8; DIGITS];
         for d in &mut digits {
-            *d = (rng.next() % 10) as u8;
+            *d = (rng.next_u64() % 10) as u8;
         }
         Self {
             family,
@@ -440,26 +441,6 @@ fn single_digit(answer: &str) -> Option<u8> {
     match answer.trim().as_bytes() {
         [d] if d.is_ascii_digit() => Some(d - b'0'),
         _ => None,
-    }
-}
-
-/// FNV-1a, 64 bits: a stable hash (std's hasher may change between Rust releases).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-/// SplitMix64: small, seedable and the same everywhere.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }
 

@@ -21,10 +21,10 @@ use tokio::time::Instant;
 use crate::error::{ApiError, ApiErrorKind};
 use crate::export::{ExportOptions, ExportedSession};
 use crate::metrics::Metrics;
-use crate::server::{Caller, ProxyState, SessionRewards};
+use crate::state::{Caller, ProxyState, SessionRewards};
 use wire::{
-    EndSessionRequest, ExportRequest, GrantCapacityReply, GrantCapacityRequest, HealthReply, ModelCard,
-    ModelList, SetRewardReply, SetRewardRequest, StartSessionReply, StartSessionRequest,
+    EndSessionReply, EndSessionRequest, ExportRequest, GrantCapacityReply, GrantCapacityRequest, HealthReply,
+    ModelCard, ModelList, SetRewardReply, SetRewardRequest, StartSessionReply, StartSessionRequest,
 };
 
 fn answer(result: Result<Response, ApiError>) -> Response {
@@ -206,7 +206,16 @@ pub(crate) async fn end_session(
         let id = target(caller, end.session_id)?;
         let summary = state.store().end(&id, Instant::now())?;
         Metrics::add(&state.shared().metrics.sessions_ended, 1);
-        Ok(axum::Json(summary).into_response())
+        Ok(axum::Json(EndSessionReply {
+            message: "success".to_string(),
+            session_id: summary.session_id.to_string(),
+            interaction_count: summary.interaction_count,
+            context_overflow: summary.context_overflow.is_some(),
+            context_overflow_message: summary.context_overflow,
+            system_error: summary.system_error.is_some(),
+            system_error_message: summary.system_error,
+        })
+        .into_response())
     })())
 }
 
@@ -262,7 +271,7 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
             ));
         }
     }
-    let session = state.store().take(&id)?;
+    let session = state.take_session(&id)?;
     let options = ExportOptions {
         style: request.style,
         discount: request.discount,

@@ -27,7 +27,7 @@ use crate::messages::{chain, collect_images, for_template, message_key};
 use crate::metrics::Metrics;
 use crate::parse::{OutputParser, Parsed, StopMatcher, ToolCallFormat};
 use crate::sampling::resolve;
-use crate::server::ProxyState;
+use crate::state::ProxyState;
 use crate::template::RenderOptions;
 use crate::tokenizer::{IncrementalDecoder, StagedPieces};
 use crate::trajectory::{Finish, Interaction, TokenSampling, encode_versions};

@@ -7,9 +7,10 @@
 //! exported trajectories are exactly what was sampled ([`export`] documents the format).
 //!
 //! What it deliberately does not do: it never names burn or any model implementation (engines plug in
-//! through [`InferenceEngine`]), it depends on no other workspace crate, and it does not translate between
+//! through [`InferenceEngine`]), it depends on no other workspace crate but the shared leaf crates
+//! (`http-guard`, whose [`serve_with`] it is served under, and `seeds`), and it does not translate between
 //! protocols through a gateway: each protocol is served natively on the protocol-neutral core
-//! ([`generation`], [`sse`], [`error::Protocol`]). It runs no provider-side tools (web search and the like
+//! ([`generation`], [`sse`], [`error::Protocol`]), which sits below them and imports none of them. It runs no provider-side tools (web search and the like
 //! are left out of the rendered tools) and keeps no state across sessions: stored Responses chains live
 //! and die with their session.
 //!
@@ -42,7 +43,6 @@
 //!   [`tokenizer::IncrementalDecoder`], [`parse`] (reasoning, tool calls, stop strings).
 
 pub mod auth;
-pub mod connection;
 pub mod control;
 pub mod engine;
 pub mod error;
@@ -58,11 +58,11 @@ pub mod sampling;
 mod server;
 pub mod session;
 pub mod sse;
+mod state;
 pub mod template;
 pub mod tokenizer;
 mod trajectory;
 
-pub use connection::{BodyRefused, ConnectionLimits, serve_with};
 pub use engine::{
     EngineError, EngineEvent, EnginePool, FakeEngine, FakeEngineConfig, FinishReason, GenerateRequest,
     GenerateServer, GenerateServerConfig, InferenceEngine, POOL_ATTEMPTS, PauseMode, SampledToken,
@@ -70,9 +70,11 @@ pub use engine::{
 };
 pub use error::{ApiError, ApiErrorKind, Error, Protocol, Result};
 pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory};
+pub use http_guard::{self as connection, BodyRefused, ConnectionLimits, serve_with};
 pub use model::ChatModel;
 pub use parse::{ReasoningFormat, ToolCallFormat};
 pub use pool::PoolLimits;
 pub use sampling::{HarnessSampling, SamplingDefaults};
-pub use server::{ProxyConfig, ProxyServer, ProxyState, SessionRewards, check_bind, router, serve};
+pub use server::{ProxyServer, check_bind, router, serve};
 pub use session::SessionLimits;
+pub use state::{ProxyConfig, ProxyState, SessionRewards};

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::messages::normalize_messages;
-use crate::server::ProxyState;
+use crate::state::ProxyState;
 
 /// Checks the session key, reads the body, then parses it as a JSON object and hands it to `work` on the
 /// preparation pool (a full pool answers 503 at once, before the body is parsed).

@@ -1,4 +1,6 @@
 //! The session store: sessions, their keys, capacity grants and admission, idle expiry and tombstones.
+//! It holds what every protocol needs and knows no protocol: what one protocol keeps per session (the
+//! Responses module's stored answers) is a [`crate::state::SessionSide`] beside it.
 //!
 //! It is a plain data structure with no IO and no clock of its own: every operation that depends on time
 //! takes `now`, so tests drive it deterministically and the server drives it from a timer.
@@ -16,9 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth;
-use crate::control::wire::EndSessionReply;
 use crate::error::{ApiError, ApiErrorKind};
-use crate::protocol::responses::{ResponseStore, StoredResponse};
 use crate::trajectory::{Interaction, Trajectory};
 
 /// Bounds on what the store holds.
@@ -85,8 +85,15 @@ pub(crate) struct Session {
     pub(crate) generation_defaults: Map<String, Value>,
     pub(crate) stored_tokens: u64,
     pub(crate) requests: u64,
-    /// Responses API answers kept for `previous_response_id` and `GET /v1/responses/{id}`.
-    pub(crate) responses: ResponseStore,
+}
+
+/// What ending a session reports.
+#[derive(Debug)]
+pub(crate) struct EndSummary {
+    pub(crate) session_id: Arc<str>,
+    pub(crate) interaction_count: u64,
+    pub(crate) context_overflow: Option<String>,
+    pub(crate) system_error: Option<String>,
 }
 
 /// All sessions.
@@ -100,8 +107,6 @@ pub(crate) struct SessionStore {
     tombstone_order: VecDeque<Arc<str>>,
     stored_tokens: u64,
     reserved_tokens: u64,
-    /// Bytes of stored Responses answers across sessions.
-    response_bytes: usize,
 }
 
 /// Session ids may only hold these characters, so they survive headers and the agent's id pattern.
@@ -127,7 +132,6 @@ impl SessionStore {
             tombstone_order: VecDeque::new(),
             stored_tokens: 0,
             reserved_tokens: 0,
-            response_bytes: 0,
         }
     }
 
@@ -155,25 +159,9 @@ impl SessionStore {
         self.reserved_tokens
     }
 
-    /// Bytes of stored Responses answers across sessions.
-    pub(crate) fn response_bytes(&self) -> usize {
-        self.response_bytes
-    }
-
-    /// Keeps a Responses answer in session `id` (if it still exists) within the byte budgets: the
-    /// session's own, and what the other sessions leave of the total.
-    pub(crate) fn store_response(&mut self, id: &str, response_id: &str, response: StoredResponse) {
-        let Some(session) = self.sessions.get_mut(id) else {
-            return;
-        };
-        let before = session.responses.bytes();
-        let others = self.response_bytes - before;
-        let budget = self
-            .limits
-            .max_response_bytes_per_session
-            .min(self.limits.max_response_bytes.saturating_sub(others));
-        session.responses.insert(response_id, response, budget);
-        self.response_bytes = others + session.responses.bytes();
+    /// Whether session `id` is held (live, or ended and not yet exported).
+    pub(crate) fn holds(&self, id: &str) -> bool {
+        self.sessions.contains_key(id)
     }
 
     /// Starts a session for `task_id` with `api_key` (or a fresh random one).
@@ -247,7 +235,6 @@ impl SessionStore {
                 generation_defaults,
                 stored_tokens: 0,
                 requests: 0,
-                responses: ResponseStore::default(),
             },
         );
         if let Some(c) = self.capacity.as_mut() {
@@ -269,11 +256,6 @@ impl SessionStore {
         self.sessions
             .get_mut(id)
             .ok_or_else(|| ApiError::new(ApiErrorKind::NotFound, format!("unknown session {id:?}")))
-    }
-
-    /// A stored Responses answer of any session, by id (for the admin).
-    pub(crate) fn find_response(&self, id: &str) -> Option<Value> {
-        self.sessions.values().find_map(|s| s.responses.get(id).cloned())
     }
 
     /// The session `id` if it exists and has not ended (generation needs that).
@@ -337,20 +319,17 @@ impl SessionStore {
     }
 
     /// Ends session `id`: its key stops working and exports waiting on it go ahead.
-    pub(crate) fn end(&mut self, id: &str, now: Instant) -> Result<EndSessionReply, ApiError> {
+    pub(crate) fn end(&mut self, id: &str, now: Instant) -> Result<EndSummary, ApiError> {
         let session = self.get_mut(id)?;
         session.ended = true;
         session.last_activity = now;
         session.ended_tx.send_replace(true);
         let digest = session.key_digest;
-        let summary = EndSessionReply {
-            message: "success".to_string(),
-            session_id: session.id.to_string(),
+        let summary = EndSummary {
+            session_id: session.id.clone(),
             interaction_count: session.trajectory.len() as u64,
-            context_overflow: session.context_overflow.is_some(),
-            context_overflow_message: session.context_overflow.clone(),
-            system_error: session.system_error.is_some(),
-            system_error_message: session.system_error.clone(),
+            context_overflow: session.context_overflow.clone(),
+            system_error: session.system_error.clone(),
         };
         if self.keys.get(&digest).is_some_and(|owner| &**owner == id) {
             self.keys.remove(&digest);
@@ -380,7 +359,6 @@ impl SessionStore {
             self.keys.remove(&session.key_digest);
         }
         self.stored_tokens = self.stored_tokens.saturating_sub(session.stored_tokens);
-        self.response_bytes = self.response_bytes.saturating_sub(session.responses.bytes());
         session.ended_tx.send_replace(true);
         self.tombstones.insert(session.id.clone(), reason);
         self.tombstone_order.push_back(session.id.clone());

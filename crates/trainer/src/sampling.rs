@@ -1,47 +1,16 @@
 //! Per-sequence sampling: temperature, top-k, top-p and a seeded generator, with the log-probability of
 //! the sampled token under the distribution it was drawn from.
 //!
-//! The generator is SplitMix64, written out here so that a seed means the same tokens on every platform and
-//! release, and so that its whole state is one `u64` that a checkpoint can store.
+//! The generator is SplitMix64 (the workspace's one copy, in the `seeds` crate), so that a seed means the
+//! same tokens on every platform and release, and so that its whole state is one `u64` that a checkpoint
+//! can store.
+
+pub use seeds::SplitMix64;
 
 use crate::cpu_math::{fast_exp, simd_fn};
 
 #[cfg(test)]
 mod tests;
-
-/// SplitMix64: a small, fast, statistically sound 64-bit generator.
-#[derive(Clone, Debug)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator whose whole future is determined by `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)` with 53 random bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Standard normal (Box-Muller).
-    pub fn next_normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.next_f64();
-        let u2 = self.next_f64();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]

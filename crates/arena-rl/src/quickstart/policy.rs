@@ -15,6 +15,7 @@ use crate::error::{Context as _, Error, Result};
 use arena_sim::tasks::{TaskFamily, TaskInstance, ToolCall, assistant_turn, tool_results};
 use rollout_proxy::messages::for_template;
 use rollout_proxy::template::{ChatTemplate, RenderOptions};
+use seeds::fnv1a;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stream_config::LlmProtocol;
@@ -152,13 +153,6 @@ impl PolicySpec {
         );
         format!("seed-{}-{:08x}", self.seed, fnv1a(text.as_bytes()) as u32)
     }
-}
-
-/// FNV-1a, 64 bits: a hash that stays the same across Rust releases (for cache folder names).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// The quickstart template, compiled as the proxy compiles it.

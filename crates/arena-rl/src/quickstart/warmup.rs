@@ -362,7 +362,7 @@ pub async fn ensure_warm(
     let name = format!(
         "{}-warm-{:08x}",
         spec.cache_name(),
-        super::policy::fnv1a(stamp.to_string().as_bytes()) as u32
+        seeds::fnv1a(stamp.to_string().as_bytes()) as u32
     );
     let dir = cache.join(&name);
     if std::fs::read(dir.join(WARM_STAMP))

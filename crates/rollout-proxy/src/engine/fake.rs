@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream;
+use seeds::SplitMix64;
 
 use super::{
     EngineError, EngineEvent, FinishReason, GenerateRequest, InferenceEngine, PauseMode, SampledToken,
@@ -135,7 +136,7 @@ impl FakeEngine {
         self.config.seed.hash(&mut hasher);
         request.input_ids.hash(&mut hasher);
         request.sampling.seed.hash(&mut hasher);
-        let mut rng = SplitMix(hasher.finish());
+        let mut rng = SplitMix64::new(hasher.finish());
         let ids: Vec<u32> = match scripted {
             Some(ids) => ids,
             None => {
@@ -147,7 +148,7 @@ impl FakeEngine {
                         .max(1),
                 );
                 let mut ids: Vec<u32> = (0..self.config.output_len)
-                    .map(|_| self.config.vocab.start + (rng.next() % span) as u32)
+                    .map(|_| self.config.vocab.start + (rng.next_u64() % span) as u32)
                     .collect();
                 ids.extend(self.config.eos_token);
                 ids
@@ -160,7 +161,7 @@ impl FakeEngine {
                 finish = Some(FinishReason::Length);
                 break;
             }
-            let logprob = -(((rng.next() % 4000) + 1) as f32) / 1000.0;
+            let logprob = -(((rng.next_u64() % 4000) + 1) as f32) / 1000.0;
             out.push(SampledToken { id, logprob, version });
             if request.sampling.stop_token_ids.contains(&id) {
                 finish = Some(FinishReason::Stop { matched: Some(id) });
@@ -284,19 +285,6 @@ impl FakeStream {
         }
         self.emitted += 1;
         Some(Ok(EngineEvent::Token(token)))
-    }
-}
-
-/// A small, fast, seedable generator (SplitMix64); the fake needs determinism, not quality.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }
 

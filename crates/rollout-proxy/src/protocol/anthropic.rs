@@ -23,8 +23,8 @@ use serde_json::{Map, Value, json};
 use crate::error::{ApiError, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
 use crate::protocol::{bounds, normalise, prepare_off_thread, take, warn_ignored};
-use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
+use crate::state::ProxyState;
 
 /// `POST /v1/messages`.
 pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Body) -> Response {

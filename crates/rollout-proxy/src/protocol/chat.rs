@@ -15,8 +15,8 @@ use crate::generation::{
     self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
 };
 use crate::protocol::{bounds, normalise, prepare_off_thread, stop_strings, take, warn_ignored};
-use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
+use crate::state::ProxyState;
 
 /// `POST /chat/completions`.
 pub(crate) async fn handler(State(state): State<ProxyState>, headers: HeaderMap, body: Body) -> Response {

@@ -11,17 +11,17 @@
 //! holds each response's new input and its output in the core's form, so the continued conversation
 //! extends the earlier interaction's exact tokens. Chains never cross sessions.
 //!
-//! What a session stores is bounded: at most [`MAX_STORED_RESPONSES`] responses, and at most
+//! What a session stores is bounded: at most [`store::MAX_STORED_RESPONSES`] responses, and at most
 //! `SessionLimits::max_response_bytes_per_session` bytes of their JSON (input, output and the response
 //! object with its echoed `metadata`, `tools`, `text` and `reasoning`), within
 //! `SessionLimits::max_response_bytes` across sessions. Past either, the session's oldest responses are
 //! forgotten first, as past the count (a later `previous_response_id` naming one is a 400
 //! `previous_response_not_found`); a response larger than the room a session has is answered but not kept.
 
+mod store;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -37,91 +37,13 @@ use crate::generation::{
     self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
 };
 use crate::protocol::{bounds, normalise, prepare_off_thread, session_of, take, warn_ignored};
-use crate::server::ProxyState;
 use crate::sse::{self, SseProtocol};
+use crate::state::ProxyState;
+use store::{ResponseStore, StoredResponse};
 
-/// The most responses one session keeps; the oldest are forgotten first.
-pub(crate) const MAX_STORED_RESPONSES: usize = 1024;
-
-/// A stored response: what it added to the conversation, and the object answered.
-#[derive(Debug)]
-pub(crate) struct StoredResponse {
-    previous: Option<Box<str>>,
-    /// The messages its request added, in the core's form (without `instructions`).
-    input: Vec<Value>,
-    /// Its output as one assistant message in the core's form.
-    output: Value,
-    /// The response object as answered.
-    response: Value,
-}
-
-impl StoredResponse {
-    /// The bytes of JSON it holds (what the byte budgets count).
-    fn bytes(&self) -> usize {
-        let size = |v: &Value| bounds::json_size(v, usize::MAX);
-        self.input.iter().map(size).sum::<usize>()
-            + size(&self.output)
-            + size(&self.response)
-            + self.previous.as_ref().map_or(0, |p| p.len())
-    }
-}
-
-/// A session's stored responses.
-#[derive(Debug, Default)]
-pub(crate) struct ResponseStore {
-    responses: HashMap<Box<str>, StoredResponse>,
-    order: VecDeque<Box<str>>,
-    bytes: usize,
-}
-
-impl ResponseStore {
-    /// Keeps `response` as `id`, then forgets the oldest while more than [`MAX_STORED_RESPONSES`] are
-    /// kept or they take more than `max_bytes` (the new one too, if it alone does).
-    pub(crate) fn insert(&mut self, id: &str, response: StoredResponse, max_bytes: usize) {
-        self.bytes += response.bytes() + id.len();
-        match self.responses.insert(id.into(), response) {
-            Some(old) => self.bytes -= old.bytes() + id.len(),
-            None => self.order.push_back(id.into()),
-        }
-        while self.order.len() > MAX_STORED_RESPONSES || self.bytes > max_bytes {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(gone) = self.responses.remove(&old) {
-                self.bytes -= gone.bytes() + old.len();
-            }
-        }
-    }
-
-    /// The bytes the stored responses take.
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// The response object of `id`.
-    pub(crate) fn get(&self, id: &str) -> Option<&Value> {
-        self.responses.get(id).map(|r| &r.response)
-    }
-
-    /// The conversation that response `id` ended: every input and output of its chain, oldest first.
-    fn conversation(&self, id: &str) -> Option<Vec<Value>> {
-        let mut chain = Vec::new();
-        let mut at = Some(id);
-        while let Some(id) = at {
-            let stored = self.responses.get(id)?;
-            chain.push(stored);
-            at = stored.previous.as_deref();
-            if chain.len() > self.responses.len() {
-                return None;
-            }
-        }
-        let mut out = Vec::new();
-        for stored in chain.into_iter().rev() {
-            out.extend(stored.input.iter().cloned());
-            out.push(stored.output.clone());
-        }
-        Some(out)
-    }
+/// The Responses store of `state` (made on first use).
+fn stored_responses(state: &ProxyState) -> Arc<ResponseStore> {
+    state.side(|config| ResponseStore::new(&config.limits))
 }
 
 /// `POST /responses`.
@@ -146,14 +68,15 @@ pub(crate) async fn get(
         .with_param("response_id")
     };
     let found = if state.require_admin(&headers).is_ok() {
-        state.store().find_response(&id)
+        stored_responses(&state).find(&id)
     } else {
         match session_of(&state, &headers) {
-            Ok(session) => state
-                .store()
-                .get_mut(&session)
-                .ok()
-                .and_then(|s| s.responses.get(&id).cloned()),
+            Ok(session) => {
+                let known = state.store().get_mut(&session).is_ok();
+                known
+                    .then(|| stored_responses(&state).get(&session, &id))
+                    .flatten()
+            }
             Err(e) => return e.into_response(),
         }
     };
@@ -295,11 +218,9 @@ fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -
         }
     }
     if let Some(previous) = &previous {
-        let earlier = state
-            .store()
-            .get_mut(&session)?
-            .responses
-            .conversation(previous)
+        state.store().get_mut(&session)?;
+        let earlier = stored_responses(state)
+            .conversation(&session, previous)
             .ok_or_else(|| {
                 ApiError::invalid(format!("Previous response with id '{previous}' not found."))
                     .with_param("previous_response_id")
@@ -357,9 +278,9 @@ impl PendingStore {
             output: summary.message(),
             response,
         };
-        self.state
-            .store()
-            .store_response(&self.session, &summary.id, stored);
+        let responses = stored_responses(&self.state);
+        let sessions = self.state.store();
+        responses.insert(&sessions, &self.session, &summary.id, stored);
     }
 }
 

@@ -1,17 +1,22 @@
-//! Serving a router over TCP so that nothing which reaches the port can hold the server: a deadline for
-//! each request's head, one for its whole body, one for idle keep-alives, one for a write that makes no
-//! progress (a client that stops reading a stream), a body size limit, a cap on connections in flight,
-//! and graceful shutdown.
+//! The connection guard both HTTP servers of the workspace (`rollout-proxy` and `arena-sim`) are served
+//! under, so that nothing which reaches the port can hold the server: a deadline for each request's head,
+//! one for its whole body, one for idle keep-alives, one for a write that makes no progress (a client that
+//! stops reading a stream), a body size limit, a cap on connections in flight, and graceful shutdown.
 //!
 //! hyper's own header-read timer restarts as soon as a response is written, so it would also close idle
 //! keep-alives at the header timeout; each connection here has a small watchdog instead, which knows
 //! whether the connection is reading a head, handling a request or idle, and closes it when the deadline
 //! of that phase passes, or when a write has waited on a full socket for `write_timeout`: closing the
-//! connection drops the response, so a stalled stream's generation is aborted and its token reservation
-//! released. Nothing on a request's path wakes the watchdog: it looks at the phase when the deadline it
-//! knows passes, or after the shortest limit, whichever is first, and no deadline can be nearer than that
-//! (each is at least the shortest limit after its phase began). Bodies are guarded as they are read
-//! ([`BodyRefused`]), so a handler can check credentials before it reads a byte of the body.
+//! connection drops the response, so a stalled stream's generation (or a forwarded upstream request) is
+//! dropped with it. Nothing on a request's path wakes the watchdog: it looks at the phase when the
+//! deadline it knows passes, or after the shortest limit, whichever is first, and no deadline can be
+//! nearer than that (each is at least the shortest limit after its phase began). Bodies are guarded as
+//! they are read ([`BodyRefused`]), so a handler can check credentials before it reads a byte of the
+//! body; a handler that did not turn a cut-off body into its own 413 or 408 is overruled.
+//!
+//! It is a leaf crate (`../shared/STYLE.md`): it depends on no workspace crate and carries its own tests.
+//! Entry points: [`serve_with`] under [`ConnectionLimits`], and [`BodyRefused`] for handlers that read
+//! bodies themselves.
 
 #[cfg(test)]
 mod tests;
