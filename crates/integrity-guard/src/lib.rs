@@ -1,0 +1,1 @@
+//! Reward-integrity rules (work in progress: the corpus comes first).
