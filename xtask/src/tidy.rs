@@ -16,16 +16,20 @@ use serde_json::Value;
 
 /// The workspace crates each crate may depend on; a crate missing here may depend on none.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("stream-config", &[]),
+    // A leaf: the integrity guard's rules, which the config loader validates with, the proxy scans with and
+    // the command line audits with.
+    ("integrity-guard", &[]),
+    ("stream-config", &["integrity-guard"]),
     ("arena-client", &["stream-config"]),
     ("reward-routing", &["stream-config"]),
-    ("rollout-proxy", &[]),
+    ("rollout-proxy", &["integrity-guard"]),
     ("trainer", &[]),
     ("arena-sim", &["stream-config"]),
     (
         "arena-rl",
         &[
             "stream-config",
+            "integrity-guard",
             "arena-client",
             "reward-routing",
             "rollout-proxy",
@@ -79,7 +83,7 @@ const HEAVY: &[(&str, &[&str])] = &[
 ];
 
 /// Async runtimes that must not be reachable, even transitively, from these crates.
-const NO_RUNTIME: &[&str] = &["stream-config", "reward-routing"];
+const NO_RUNTIME: &[&str] = &["stream-config", "reward-routing", "integrity-guard"];
 const RUNTIMES: &[&str] = &["tokio", "async-std", "smol", "async-executor"];
 
 struct Metadata {

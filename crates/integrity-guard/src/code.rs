@@ -37,17 +37,65 @@ enum Tok {
 
 /// Calls whose string argument is a shell command.
 const SHELL_CALLS: &[&str] = &[
-    "system", "popen", "getoutput", "getstatusoutput", "check_output", "check_call", "call", "run", "Popen",
-    "exec", "execSync", "spawn", "spawnSync", "execFile", "execFileSync", "execa", "execaSync",
-    "execaCommand", "execaCommandSync", "shell", "qx", "run_command", "sh", "bash", "Command",
-    "create_subprocess_shell", "create_subprocess_exec", "startfile",
+    "system",
+    "popen",
+    "getoutput",
+    "getstatusoutput",
+    "check_output",
+    "check_call",
+    "call",
+    "run",
+    "Popen",
+    "exec",
+    "execSync",
+    "spawn",
+    "spawnSync",
+    "execFile",
+    "execFileSync",
+    "execa",
+    "execaSync",
+    "execaCommand",
+    "execaCommandSync",
+    "shell",
+    "qx",
+    "run_command",
+    "sh",
+    "bash",
+    "Command",
+    "create_subprocess_shell",
+    "create_subprocess_exec",
+    "startfile",
 ];
 
 /// Names whose presence says the code talks to the network.
 const NETWORK_NAMES: &[&str] = &[
-    "urlopen", "urlretrieve", "Request", "requests", "httpx", "aiohttp", "urllib", "urllib2", "urllib3",
-    "http", "https", "HTTPConnection", "HTTPSConnection", "fetch", "axios", "got", "request", "wget",
-    "curl", "download", "LWP", "HTTP", "URI", "Faraday", "open_uri", "pycurl", "PoolManager",
+    "urlopen",
+    "urlretrieve",
+    "Request",
+    "requests",
+    "httpx",
+    "aiohttp",
+    "urllib",
+    "urllib2",
+    "urllib3",
+    "http",
+    "https",
+    "HTTPConnection",
+    "HTTPSConnection",
+    "fetch",
+    "axios",
+    "got",
+    "request",
+    "wget",
+    "curl",
+    "download",
+    "LWP",
+    "HTTP",
+    "URI",
+    "Faraday",
+    "open_uri",
+    "pycurl",
+    "PoolManager",
 ];
 
 fn tokens(code: &str, dialect: Dialect) -> Vec<Tok> {
@@ -168,9 +216,11 @@ fn is_shell_call(toks: &[Tok], at: usize) -> bool {
 pub(crate) fn scan(code: &str, dialect: Dialect) -> Findings {
     let toks = tokens(code, dialect);
     let mut found = Findings::default();
-    let network = toks
-        .iter()
-        .any(|t| matches!(t, Tok::Ident(n) if NETWORK_NAMES.contains(&n.as_str())));
+    // A network library named as an identifier (`urllib.request`) or a module string (`require('https')`).
+    let network = toks.iter().any(|t| match t {
+        Tok::Ident(n) | Tok::Str { text: n, .. } => NETWORK_NAMES.contains(&n.as_str()),
+        Tok::Punct(_) => false,
+    });
     let mut i = 0;
     while i < toks.len() {
         match &toks[i] {
@@ -187,6 +237,20 @@ pub(crate) fn scan(code: &str, dialect: Dialect) -> Findings {
                     continue;
                 }
                 if runs_shell {
+                    // `system("git", "fetch", "origin")`: several strings are one argument vector.
+                    let mut argv = vec![text.clone()];
+                    let mut j = i + 1;
+                    while let (Some(Tok::Punct(b',')), Some(Tok::Str { text, .. })) =
+                        (toks.get(j), toks.get(j + 1))
+                    {
+                        argv.push(text.clone());
+                        j += 2;
+                    }
+                    if argv.len() > 1 {
+                        found.argvs.push(argv);
+                        i = j;
+                        continue;
+                    }
                     found.shell.push(text.clone());
                 }
                 if network && text.contains("://") {

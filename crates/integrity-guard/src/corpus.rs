@@ -14,6 +14,9 @@ use crate::scan::{Hit, Scanner};
 /// The crate's own corpus, as committed.
 pub const CORPUS_JSONL: &str = include_str!("../corpus/commands.jsonl");
 
+/// A second set, written after the rules were frozen and labelled before any scan (all held out).
+pub const FRESH_JSONL: &str = include_str!("../corpus/fresh.jsonl");
+
 /// One labelled command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,6 +140,8 @@ pub struct Report {
     /// Per category of the rules that hit (true and false positives only): the precision of each kind of
     /// rule.
     pub by_rule_category: BTreeMap<String, Confusion>,
+    /// Per evasion (an entry counts under each of its evasions).
+    pub by_evasion: BTreeMap<String, Confusion>,
 }
 
 /// Scans every entry of `split` with `rules`.
@@ -146,6 +151,7 @@ pub fn score(entries: &[Entry], rules: &Arc<RuleSet>, split: Split) -> Report {
         total: Confusion::default(),
         by_category: BTreeMap::new(),
         by_rule_category: BTreeMap::new(),
+        by_evasion: BTreeMap::new(),
     };
     for entry in entries.iter().filter(|e| e.split == split) {
         let mut scanner = Scanner::new(rules.clone(), entry.base_commit.as_deref());
@@ -159,11 +165,22 @@ pub fn score(entries: &[Entry], rules: &Arc<RuleSet>, split: Split) -> Report {
             .entry(entry.category.clone())
             .or_default()
             .add(&outcome);
+        for evasion in &entry.evasions {
+            report
+                .by_evasion
+                .entry(evasion.clone())
+                .or_default()
+                .add(&outcome);
+        }
         let mut categories: Vec<&str> = outcome.hits.iter().map(|h| h.category.as_str()).collect();
         categories.sort_unstable();
         categories.dedup();
         for c in categories {
-            report.by_rule_category.entry(c.to_string()).or_default().add(&outcome);
+            report
+                .by_rule_category
+                .entry(c.to_string())
+                .or_default()
+                .add(&outcome);
         }
         report.outcomes.push(outcome);
     }
@@ -188,7 +205,10 @@ impl Report {
             t.false_positives,
             t.true_negatives
         );
-        let _ = writeln!(out, "| labelled category | entries | flagged | missed / wrongly flagged | recall | specificity |");
+        let _ = writeln!(
+            out,
+            "| labelled category | entries | flagged | missed / wrongly flagged | recall | specificity |"
+        );
         let _ = writeln!(out, "|---|---|---|---|---|---|");
         for (category, c) in &self.by_category {
             let offending = c.true_positives + c.false_negatives;
@@ -211,7 +231,10 @@ impl Report {
                 );
             }
         }
-        let _ = writeln!(out, "\n| rule category | flagged | of them offending | precision |");
+        let _ = writeln!(
+            out,
+            "\n| rule category | flagged | of them offending | precision |"
+        );
         let _ = writeln!(out, "|---|---|---|---|");
         for (category, c) in &self.by_rule_category {
             let _ = writeln!(
@@ -220,6 +243,18 @@ impl Report {
                 c.true_positives + c.false_positives,
                 c.true_positives,
                 c.precision()
+            );
+        }
+        let _ = writeln!(out, "\n| evasion | offending flagged | benign flagged |");
+        let _ = writeln!(out, "|---|---|---|");
+        for (evasion, c) in &self.by_evasion {
+            let _ = writeln!(
+                out,
+                "| {evasion} | {}/{} | {}/{} |",
+                c.true_positives,
+                c.true_positives + c.false_negatives,
+                c.false_positives,
+                c.false_positives + c.true_negatives
             );
         }
         let wrong: Vec<&Outcome> = self.outcomes.iter().filter(|o| !o.correct()).collect();
@@ -233,7 +268,11 @@ impl Report {
                     o.entry.id,
                     o.entry.label,
                     o.entry.command.replace('\n', "\\n"),
-                    if rules.is_empty() { "missed".to_string() } else { format!("flagged by {}", rules.join(", ")) }
+                    if rules.is_empty() {
+                        "missed".to_string()
+                    } else {
+                        format!("flagged by {}", rules.join(", "))
+                    }
                 );
             }
         }

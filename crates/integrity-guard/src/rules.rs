@@ -104,12 +104,7 @@ fn valid_name(name: &str) -> bool {
         && name.len() <= 64
 }
 
-fn patterns(
-    problems: &mut Vec<Problem>,
-    path: &str,
-    field: &str,
-    list: &[String],
-) -> Option<RegexSet> {
+fn patterns(problems: &mut Vec<Problem>, path: &str, field: &str, list: &[String]) -> Option<RegexSet> {
     if list.is_empty() {
         return None;
     }
@@ -120,7 +115,13 @@ fn patterns(
             .build()
         {
             ok = false;
-            let detail = e.to_string().lines().last().unwrap_or_default().trim().to_string();
+            let detail = e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim()
+                .to_string();
             problems.push(Problem {
                 path: format!("{path}.{field}[{i}]"),
                 message: format!("invalid regular expression {p:?}: {detail}"),
@@ -179,7 +180,11 @@ fn compile(spec: &RuleSpec, path: &str, problems: &mut Vec<Problem>) -> Rule {
         });
     }
     for (i, h) in spec.hosts.iter().enumerate() {
-        if h.is_empty() || !h.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-')) {
+        if h.is_empty()
+            || !h
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-'))
+        {
             problems.push(Problem {
                 path: format!("{path}.hosts[{i}]"),
                 message: format!("{h:?} must be a host name (letters, digits, '.' and '-')"),
@@ -205,7 +210,12 @@ impl RuleSet {
     /// Compiles `specs`; every problem (ids, patterns, hosts, duplicate ids) is reported at once, with
     /// paths `rules[i].field` relative to the list.
     pub fn new(specs: Vec<RuleSpec>) -> Result<Self> {
-        Self::with_paths(specs.into_iter().enumerate().map(|(i, s)| (format!("rules[{i}]"), s)))
+        Self::with_paths(
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (format!("rules[{i}]"), s)),
+        )
     }
 
     fn with_paths(specs: impl IntoIterator<Item = (String, RuleSpec)>) -> Result<Self> {
@@ -245,7 +255,10 @@ impl RuleSet {
                 let known: Vec<&str> = defaults.iter().map(|s| s.id.as_str()).collect();
                 problems.push(Problem {
                     path: format!("disable[{i}]"),
-                    message: format!("{id:?} is not a built-in rule; built-in rules: {}", known.join(", ")),
+                    message: format!(
+                        "{id:?} is not a built-in rule; built-in rules: {}",
+                        known.join(", ")
+                    ),
                 });
             }
         }
@@ -253,7 +266,10 @@ impl RuleSet {
             .iter()
             .filter(|s| builtin && !disable.contains(&s.id))
             .map(|s| (format!("built-in rule {}", s.id), s.clone()));
-        let user = extra.into_iter().enumerate().map(|(i, s)| (format!("rules[{i}]"), s));
+        let user = extra
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("rules[{i}]"), s));
         match Self::with_paths(base.chain(user)) {
             Ok(set) if problems.is_empty() => Ok(set),
             Ok(_) => Err(Error::InvalidRules(problems)),
@@ -289,10 +305,39 @@ pub(crate) struct Candidate<'a> {
 
 /// Options (of git's history commands) whose value is the next word and is not a revision.
 const VALUE_OPTIONS: &[&str] = &[
-    "-n", "-b", "-B", "-S", "-G", "-L", "-O", "-U", "-o", "--grep", "--author",
-    "--committer", "--format", "--pretty", "--since", "--until", "--after", "--before", "--date",
-    "--max-count", "--skip", "--depth", "--branch", "--output", "--prefix", "--remote", "--diff-filter",
-    "--encoding", "--exclude", "--min-parents", "--max-parents", "--orphan", "--conflict",
+    "-n",
+    "-b",
+    "-B",
+    "-S",
+    "-G",
+    "-L",
+    "-O",
+    "-U",
+    "-o",
+    "--grep",
+    "--author",
+    "--committer",
+    "--format",
+    "--pretty",
+    "--since",
+    "--until",
+    "--after",
+    "--before",
+    "--date",
+    "--max-count",
+    "--skip",
+    "--depth",
+    "--branch",
+    "--output",
+    "--prefix",
+    "--remote",
+    "--diff-filter",
+    "--encoding",
+    "--exclude",
+    "--min-parents",
+    "--max-parents",
+    "--orphan",
+    "--conflict",
 ];
 
 /// Options whose value (`--opt=V` or `--opt V`) is a revision.

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::code::{self, Dialect};
 use crate::rules::{Candidate, RuleSet};
-use crate::shell::{self, VAR_CLOSE, VAR_OPEN, Word};
+use crate::shell::{self, SUB_CLOSE, SUB_OPEN, VAR_CLOSE, VAR_OPEN, Word};
 
 /// How deep shell strings, aliases, code and substitutions may nest before the scanner stops unwrapping.
 pub const MAX_DEPTH: usize = 8;
@@ -120,7 +120,9 @@ impl Scanner {
     /// Scans shell command text (what a shell tool runs).
     pub fn scan_command(&mut self, text: &str) -> Vec<Hit> {
         let text = sanitize(text);
-        self.walk(text.len(), |w| w.script(&text, 0))
+        self.walk(text.len(), |w| {
+            w.script(&text, 0);
+        })
     }
 
     /// Scans an argument vector (what an exec-style tool runs, `["bash", "-lc", "..."]`).
@@ -144,12 +146,14 @@ impl Scanner {
     pub fn scan_tool_call(&mut self, name: &str, arguments: &str) -> Vec<Hit> {
         let arguments = sanitize(arguments);
         let kind = ToolKind::of(name);
-        self.walk(arguments.len(), |w| match serde_json::from_str::<Value>(&arguments) {
-            Ok(value @ (Value::Object(_) | Value::Array(_))) => w.json(&value, kind, None, 0),
-            Ok(Value::String(s)) if kind != ToolKind::Files => w.tool_text(&s, kind, 0),
-            Ok(_) => {}
-            Err(_) if kind != ToolKind::Files => w.tool_text(&arguments, kind, 0),
-            Err(_) => {}
+        self.walk(arguments.len(), |w| {
+            match serde_json::from_str::<Value>(&arguments) {
+                Ok(value @ (Value::Object(_) | Value::Array(_))) => w.json(&value, kind, None, 0),
+                Ok(Value::String(s)) if kind != ToolKind::Files => w.tool_text(&s, kind, 0),
+                Ok(_) => {}
+                Err(_) if kind != ToolKind::Files => w.tool_text(&arguments, kind, 0),
+                Err(_) => {}
+            }
         })
     }
 
@@ -161,7 +165,9 @@ impl Scanner {
         self.walk(text.len(), |w| {
             for (block, dialect) in text_blocks(&text) {
                 match dialect {
-                    None => w.script(&block, 0),
+                    None => {
+                        w.script(&block, 0);
+                    }
                     Some(d) => w.code(&block, d, 0),
                 }
             }
@@ -169,9 +175,9 @@ impl Scanner {
     }
 }
 
-/// Removes the private-use characters the lexer uses as variable markers.
+/// Removes the private-use characters the lexer uses as markers.
 fn sanitize(text: &str) -> String {
-    text.replace([VAR_OPEN, VAR_CLOSE], "\u{FFFD}")
+    text.replace([VAR_OPEN, VAR_CLOSE, SUB_OPEN, SUB_CLOSE], "\u{FFFD}")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,13 +191,41 @@ impl ToolKind {
     fn of(name: &str) -> Self {
         let n = name.to_ascii_lowercase();
         const FILES: &[&str] = &[
-            "apply_patch", "applypatch", "edit", "write", "multiedit", "notebookedit", "create_file",
-            "write_file", "edit_file", "replace", "insert", "patch", "read", "read_file", "view", "glob",
-            "grep", "ls", "list_dir", "todowrite", "str_replace_editor", "str_replace_based_edit_tool",
+            "apply_patch",
+            "applypatch",
+            "edit",
+            "write",
+            "multiedit",
+            "notebookedit",
+            "create_file",
+            "write_file",
+            "edit_file",
+            "replace",
+            "insert",
+            "patch",
+            "read",
+            "read_file",
+            "view",
+            "glob",
+            "grep",
+            "ls",
+            "list_dir",
+            "todowrite",
+            "str_replace_editor",
+            "str_replace_based_edit_tool",
         ];
         const PYTHON: &[&str] = &[
-            "python", "ipython", "execute_ipython", "execute_ipython_cell", "run_python", "execute_python",
-            "python_interpreter", "code_interpreter", "jupyter", "execute_code", "run_code",
+            "python",
+            "ipython",
+            "execute_ipython",
+            "execute_ipython_cell",
+            "run_python",
+            "execute_python",
+            "python_interpreter",
+            "code_interpreter",
+            "jupyter",
+            "execute_code",
+            "run_code",
         ];
         if FILES.contains(&n.as_str()) {
             Self::Files
@@ -204,14 +238,53 @@ impl ToolKind {
 }
 
 const PATH_KEYS: &[&str] = &[
-    "file_path", "path", "filename", "file", "notebook_path", "target_file", "absolute_path", "filepath",
+    "file_path",
+    "path",
+    "filename",
+    "file",
+    "notebook_path",
+    "target_file",
+    "absolute_path",
+    "filepath",
 ];
 const URL_KEYS: &[&str] = &["url", "uri", "href", "link"];
 const CONTENT_KEYS: &[&str] = &[
-    "file_text", "content", "contents", "new_str", "old_str", "old_string", "new_string", "insert_text",
-    "text", "patch", "diff", "description", "message", "title", "query", "pattern", "prompt",
-    "replacement", "body", "notes", "thought", "thoughts", "reason", "reasoning", "explanation", "summary",
-    "todos", "plan", "glob", "include", "exclude", "edits", "view_range", "insert_line", "old", "new",
+    "file_text",
+    "content",
+    "contents",
+    "new_str",
+    "old_str",
+    "old_string",
+    "new_string",
+    "insert_text",
+    "text",
+    "patch",
+    "diff",
+    "description",
+    "message",
+    "title",
+    "query",
+    "pattern",
+    "prompt",
+    "replacement",
+    "body",
+    "notes",
+    "thought",
+    "thoughts",
+    "reason",
+    "reasoning",
+    "explanation",
+    "summary",
+    "todos",
+    "plan",
+    "glob",
+    "include",
+    "exclude",
+    "edits",
+    "view_range",
+    "insert_line",
+    "old",
+    "new",
 ];
 
 fn text_blocks(text: &str) -> Vec<(String, Option<Dialect>)> {
@@ -330,36 +403,48 @@ impl Walk<'_> {
         }
     }
 
-    /// Shell text: each simple command, its substitutions, and what it runs.
-    fn script(&mut self, text: &str, depth: usize) {
+    /// Shell text: each simple command, its substitutions, and what it runs. Returns the last command's
+    /// output when the scanner can tell it.
+    fn script(&mut self, text: &str, depth: usize) -> Option<String> {
         if depth > MAX_DEPTH || !self.spend(text.len()) {
-            return;
+            return None;
         }
         let mut previous_output: Option<String> = None;
         for command in shell::lex(text) {
-            for nested in &command.nested {
-                self.script(nested, depth + 1);
-            }
-            let piped = if command.piped { previous_output.take() } else { None };
-            let stdin = command
-                .stdin
-                .clone()
-                .or(piped)
-                .or_else(|| {
-                    command
-                        .stdin_file
-                        .as_ref()
-                        .and_then(|f| self.memory.files.get(f).cloned())
-                });
-            previous_output = self.simple(&command.words, stdin, command.stdout_file.as_deref(), depth);
+            let outputs: Vec<Option<String>> = command
+                .nested
+                .iter()
+                .map(|nested| self.script(nested, depth + 1))
+                .collect();
+            let piped = if command.piped {
+                previous_output.take()
+            } else {
+                None
+            };
+            let stdin = command.stdin.clone().or(piped).or_else(|| {
+                command
+                    .stdin_file
+                    .as_ref()
+                    .and_then(|f| self.memory.files.get(f).cloned())
+            });
+            let words = self.expand(&command.words, &outputs);
+            previous_output = self.simple(
+                words,
+                command.first_quoted(),
+                stdin,
+                command.stdout_file.as_deref(),
+                depth,
+            );
         }
+        previous_output
     }
 
-    /// The words with the variables the session defined substituted; an unquoted lone variable splits.
-    fn expand(&self, words: &[Word]) -> Vec<String> {
+    /// The words with the variables the session defined and the known outputs of substitutions put in;
+    /// an unquoted lone variable or substitution splits.
+    fn expand(&self, words: &[Word], outputs: &[Option<String>]) -> Vec<String> {
         let mut out = Vec::with_capacity(words.len());
         for word in words {
-            let text = self.substitute(&word.text);
+            let text = self.substitute(&word.text, outputs);
             if word.is_bare_var() {
                 out.extend(text.split_whitespace().map(str::to_string));
             } else {
@@ -369,25 +454,39 @@ impl Walk<'_> {
         out
     }
 
-    fn substitute(&self, text: &str) -> String {
-        if !text.contains(VAR_OPEN) {
+    fn substitute(&self, text: &str, outputs: &[Option<String>]) -> String {
+        if !text.contains([VAR_OPEN, SUB_OPEN]) {
             return text.to_string();
         }
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
-        while let Some(at) = rest.find(VAR_OPEN) {
+        while let Some(at) = rest.find([VAR_OPEN, SUB_OPEN]) {
             out.push_str(&rest[..at]);
+            let variable = rest[at..].starts_with(VAR_OPEN);
+            let close = if variable { VAR_CLOSE } else { SUB_CLOSE };
             let after = &rest[at + VAR_OPEN.len_utf8()..];
-            let end = after.find(VAR_CLOSE).unwrap_or(after.len());
+            let end = after.find(close).unwrap_or(after.len());
             let name = &after[..end];
-            match self.memory.vars.get(name) {
-                Some(value) => out.push_str(value),
-                None => {
-                    out.push('$');
-                    out.push_str(name);
+            if variable {
+                match self.memory.vars.get(name) {
+                    Some(value) => out.push_str(value),
+                    None => {
+                        out.push('$');
+                        out.push_str(name);
+                    }
+                }
+            } else {
+                let known = name
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| outputs.get(i))
+                    .and_then(Option::as_ref);
+                match known {
+                    Some(value) => out.push_str(value.trim_end_matches('\n')),
+                    None => out.push_str("$(...)"),
                 }
             }
-            rest = after.get(end + VAR_CLOSE.len_utf8()..).unwrap_or_default();
+            rest = after.get(end + close.len_utf8()..).unwrap_or_default();
         }
         out.push_str(rest);
         out
@@ -396,13 +495,12 @@ impl Walk<'_> {
     /// One simple command; returns the text it writes to standard output, when the scanner can tell.
     fn simple(
         &mut self,
-        words: &[Word],
+        mut argv: Vec<String>,
+        first_quoted: bool,
         stdin: Option<String>,
         stdout_file: Option<&str>,
         depth: usize,
     ) -> Option<String> {
-        let first_quoted = words.first().is_some_and(|w| w.quoted);
-        let mut argv = self.expand(words);
         while argv.first().is_some_and(|w| RESERVED.contains(&w.as_str())) {
             argv.remove(0);
         }
@@ -431,8 +529,7 @@ impl Walk<'_> {
             && let Some(value) = self.memory.aliases.get(name).cloned()
         {
             let text = format!("{value} {}", quote(&argv[1..]));
-            self.script(&text, depth + 1);
-            return None;
+            return self.script(&text, depth + 1);
         }
         match name {
             "alias" => {
@@ -469,9 +566,7 @@ impl Walk<'_> {
             return None;
         }
         for _ in 0..MAX_DEPTH {
-            let Some(first) = argv.first() else {
-                return None;
-            };
+            let first = argv.first()?;
             match unwrap_wrapper(base_name(first), &argv) {
                 Unwrapped::Rest(rest) => argv = rest,
                 Unwrapped::Text(text) => {
@@ -481,23 +576,22 @@ impl Walk<'_> {
                 Unwrapped::NotAWrapper => break,
             }
         }
-        let Some(first) = argv.first() else {
-            return None;
-        };
+        let first = argv.first()?;
         let program = base_name(first).to_string();
         if program != "git" {
             // git is matched once its global options and aliases are resolved.
             self.emit(&argv);
         }
         match program.as_str() {
-            p if SHELLS.contains(&p) => self.shell(&argv, stdin, depth),
-            "eval" => self.script(&argv[1..].join(" "), depth + 1),
+            p if SHELLS.contains(&p) => return self.shell(&argv, stdin, depth),
+            "eval" => return self.script(&argv[1..].join(" "), depth + 1),
             "source" | "." => {
                 if let Some(text) = argv.get(1).and_then(|f| self.memory.files.get(f).cloned()) {
-                    self.script(&text, depth + 1);
+                    return self.script(&text, depth + 1);
                 }
             }
-            "git" => self.git(argv, depth),
+            "git" => return self.git(argv, depth),
+            "base64" => return decode_base64(&argv, stdin),
             "find" => self.find_exec(&argv, depth),
             "node" | "nodejs" | "deno" | "bun" => self.interpreter(&argv, stdin, Dialect::Js, depth),
             "perl" | "ruby" | "php" => self.interpreter(&argv, stdin, Dialect::Script, depth),
@@ -516,8 +610,8 @@ impl Walk<'_> {
         None
     }
 
-    /// `bash -c STRING`, `bash SCRIPT`, or a shell reading its standard input.
-    fn shell(&mut self, argv: &[String], stdin: Option<String>, depth: usize) {
+    /// `bash -c STRING [$0 $1 ...]`, `bash SCRIPT`, or a shell reading its standard input.
+    fn shell(&mut self, argv: &[String], stdin: Option<String>, depth: usize) -> Option<String> {
         let mut command_mode = false;
         let mut i = 1;
         while i < argv.len() {
@@ -540,17 +634,15 @@ impl Walk<'_> {
             break;
         }
         match argv.get(i) {
-            Some(text) if command_mode => self.script(text, depth + 1),
+            Some(text) if command_mode => {
+                let text = positional(text, &argv[i + 1..]);
+                self.script(&text, depth + 1)
+            }
             Some(file) => {
-                if let Some(text) = self.memory.files.get(file).cloned() {
-                    self.script(&text, depth + 1);
-                }
+                let text = self.memory.files.get(file).cloned()?;
+                self.script(&text, depth + 1)
             }
-            None => {
-                if let Some(text) = stdin {
-                    self.script(&text, depth + 1);
-                }
-            }
+            None => self.script(&stdin?, depth + 1),
         }
     }
 
@@ -654,7 +746,12 @@ impl Walk<'_> {
     }
 
     /// `echo`, `printf`, `cat` and `tee`: what they write, remembered as a file when redirected.
-    fn output(&mut self, argv: &[String], stdin: Option<String>, stdout_file: Option<&str>) -> Option<String> {
+    fn output(
+        &mut self,
+        argv: &[String],
+        stdin: Option<String>,
+        stdout_file: Option<&str>,
+    ) -> Option<String> {
         let program = base_name(&argv[0]);
         let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
         let text = match program {
@@ -707,7 +804,7 @@ impl Walk<'_> {
 
     /// git: global options removed, aliases expanded, alias definitions remembered, `submodule foreach`
     /// followed; then the rules see `git SUBCOMMAND ARGS...`.
-    fn git(&mut self, argv: Vec<String>, depth: usize) {
+    fn git(&mut self, argv: Vec<String>, depth: usize) -> Option<String> {
         let mut local: HashMap<String, String> = HashMap::new();
         let mut argv = argv;
         for _ in 0..4 {
@@ -715,8 +812,8 @@ impl Walk<'_> {
             while i < argv.len() {
                 let a = argv[i].as_str();
                 match a {
-                    "-C" | "--git-dir" | "--work-tree" | "--namespace" | "--super-prefix" | "--config-env"
-                    | "--exec-path" | "--list-cmds" => i += 2,
+                    "-C" | "--git-dir" | "--work-tree" | "--namespace" | "--super-prefix"
+                    | "--config-env" | "--exec-path" | "--list-cmds" => i += 2,
                     "-c" => {
                         if let Some((key, value)) = argv.get(i + 1).and_then(|kv| kv.split_once('='))
                             && let Some(alias) = key.strip_prefix("alias.")
@@ -729,9 +826,7 @@ impl Walk<'_> {
                     _ => break,
                 }
             }
-            let Some(sub) = argv.get(i).cloned() else {
-                return;
-            };
+            let sub = argv.get(i).cloned()?;
             let rest = argv[i + 1..].to_vec();
             let alias = local
                 .get(&sub)
@@ -740,8 +835,7 @@ impl Walk<'_> {
             match alias {
                 Some(value) if value.starts_with('!') => {
                     let text = format!("{} {}", &value[1..], quote(&rest));
-                    self.script(&text, depth + 1);
-                    return;
+                    return self.script(&text, depth + 1);
                 }
                 Some(value) => {
                     let mut expanded = vec![argv[0].clone()];
@@ -766,12 +860,16 @@ impl Walk<'_> {
                                 self.script(&text, depth + 1);
                             }
                         }
+                        // What `git rev-parse` prints names the same objects as its arguments, so
+                        // `git show $(git rev-parse origin/main)` is read as `git show origin/main`.
+                        "rev-parse" => return Some(rev_parse_output(&rest)),
                         _ => {}
                     }
-                    return;
+                    return None;
                 }
             }
         }
+        None
     }
 
     /// `git config [scope] alias.NAME VALUE` (also `git config set alias.NAME VALUE`).
@@ -784,7 +882,8 @@ impl Walk<'_> {
                 i += 2;
                 continue;
             }
-            if !a.starts_with('-') && !(positional.is_empty() && matches!(a, "set" | "--add")) {
+            let subcommand = positional.is_empty() && a == "set";
+            if !a.starts_with('-') && !subcommand {
                 positional.push(a);
             }
             i += 1;
@@ -810,8 +909,7 @@ impl Walk<'_> {
                 }
             }
             Value::Array(items) => {
-                let strings: Option<Vec<String>> =
-                    items.iter().map(|v| v.as_str().map(sanitize)).collect();
+                let strings: Option<Vec<String>> = items.iter().map(|v| v.as_str().map(sanitize)).collect();
                 match strings {
                     // `["bash", "-lc", "..."]` is one argument vector; `["git status", "ls"]` a list of
                     // command lines.
@@ -847,9 +945,54 @@ impl Walk<'_> {
     fn tool_text(&mut self, text: &str, kind: ToolKind, depth: usize) {
         match kind {
             ToolKind::Python => self.code(text, Dialect::Python, depth),
-            _ => self.script(text, depth),
+            _ => {
+                self.script(text, depth);
+            }
         }
     }
+}
+
+/// `$0`, `$1`, ... `$9`, `$@` and `$*` of a `sh -c TEXT ARG0 ARG1 ...` replaced by the arguments.
+fn positional(text: &str, args: &[String]) -> String {
+    if args.is_empty() || !text.contains('$') {
+        return text.to_string();
+    }
+    let mut out = text.to_string();
+    let all = quote(args.get(1..).unwrap_or_default());
+    out = out.replace("$@", &all).replace("$*", &all);
+    for (n, arg) in args.iter().enumerate().take(10).rev() {
+        out = out.replace(&format!("${n}"), &quote(std::slice::from_ref(arg)));
+    }
+    out
+}
+
+/// The revisions `git rev-parse ARGS` prints, as arguments that name the same objects.
+fn rev_parse_output(args: &[String]) -> String {
+    let kept: Vec<String> = args
+        .iter()
+        .filter(|a| {
+            !a.starts_with('-')
+                || ["--all", "--branches", "--remotes", "--tags", "--glob"]
+                    .iter()
+                    .any(|o| a.as_str() == *o || a.starts_with(&format!("{o}=")))
+        })
+        .cloned()
+        .collect();
+    kept.join(" ")
+}
+
+/// `base64 -d` of its input, when the scanner knows the input and it decodes to text.
+fn decode_base64(argv: &[String], stdin: Option<String>) -> Option<String> {
+    use base64::Engine as _;
+    if !argv[1..]
+        .iter()
+        .any(|a| matches!(a.as_str(), "-d" | "--decode" | "-D"))
+    {
+        return None;
+    }
+    let compact: String = stdin?.split_whitespace().collect();
+    let bytes = base64::engine::general_purpose::STANDARD.decode(compact).ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 fn is_content(key: Option<&str>) -> bool {
@@ -871,8 +1014,22 @@ fn unwrap_wrapper(program: &str, argv: &[String]) -> Unwrapped {
         "command" | "builtin" | "exec" | "nohup" | "time" | "chronic" | "unbuffer" | "setsid"
         | "catchsegv" | "xargs" | "watch" | "strace" | "ltrace" | "caffeinate" | "stdbuf" => (
             &[
-                "-a", "-n", "-I", "-L", "-P", "-d", "-E", "-s", "-i", "-o", "-e", "-p", "--max-args",
-                "--interval", "--delimiter", "-f",
+                "-a",
+                "-n",
+                "-I",
+                "-L",
+                "-P",
+                "-d",
+                "-E",
+                "-s",
+                "-i",
+                "-o",
+                "-e",
+                "-p",
+                "--max-args",
+                "--interval",
+                "--delimiter",
+                "-f",
             ],
             0,
         ),

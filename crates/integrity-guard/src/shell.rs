@@ -8,12 +8,18 @@
 //! quotes and parentheses end at the end of the text instead of failing.
 //!
 //! A variable reference (`$NAME`, `${NAME}`) outside single quotes is kept in the word as
-//! [`VAR_OPEN`]`NAME`[`VAR_CLOSE`], so the caller can substitute the values it knows.
+//! [`VAR_OPEN`]`NAME`[`VAR_CLOSE`], and a command substitution as [`SUB_OPEN`]`N`[`SUB_CLOSE`], so the
+//! caller can substitute the values and outputs it knows.
 
 /// Opens a variable reference inside a word (a private-use character, removed from input first).
 pub(crate) const VAR_OPEN: char = '\u{E000}';
 /// Closes a variable reference inside a word.
 pub(crate) const VAR_CLOSE: char = '\u{E001}';
+/// Opens a command substitution inside a word: [`SUB_OPEN`]`N`[`SUB_CLOSE`] stands for the output of the
+/// command's `nested[N]`.
+pub(crate) const SUB_OPEN: char = '\u{E002}';
+/// Closes a command substitution inside a word.
+pub(crate) const SUB_CLOSE: char = '\u{E003}';
 
 /// One word of a simple command, with quotes removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,12 +31,13 @@ pub(crate) struct Word {
 }
 
 impl Word {
-    /// The word is exactly one unquoted variable reference, so its value splits into words.
+    /// The word is exactly one unquoted variable reference or command substitution, so its value splits
+    /// into words.
     pub(crate) fn is_bare_var(&self) -> bool {
-        !self.quoted
-            && self.text.starts_with(VAR_OPEN)
-            && self.text.ends_with(VAR_CLOSE)
-            && self.text.matches(VAR_OPEN).count() == 1
+        let one = |open: char, close: char| {
+            self.text.starts_with(open) && self.text.ends_with(close) && self.text.matches(open).count() == 1
+        };
+        !self.quoted && (one(VAR_OPEN, VAR_CLOSE) || one(SUB_OPEN, SUB_CLOSE))
     }
 }
 
@@ -50,6 +57,13 @@ pub(crate) struct Command {
     /// The texts of `$(...)`, backticks and process substitutions in its words.
     pub(crate) nested: Vec<String>,
     heredocs: Vec<(String, bool)>,
+}
+
+impl Command {
+    /// Its first word was quoted (so it is not an alias).
+    pub(crate) fn first_quoted(&self) -> bool {
+        self.words.first().is_some_and(|w| w.quoted)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,9 +260,7 @@ impl Lexer<'_> {
         }
         let end = j.min(self.b.len());
         let inner = String::from_utf8_lossy(&self.b[start..end]).replace("\\`", "`");
-        self.current.nested.push(inner);
-        self.word.extend_from_slice(b"$(...)");
-        self.word_started = true;
+        self.push_substitution(inner);
         self.i = (end + 1).min(self.b.len());
     }
 
@@ -292,10 +304,15 @@ impl Lexer<'_> {
     fn substitution(&mut self, from: usize) {
         let end = self.matching_paren(from);
         let inner = String::from_utf8_lossy(&self.b[from..end]).into_owned();
-        self.current.nested.push(inner);
-        self.word.extend_from_slice(b"$(...)");
-        self.word_started = true;
+        self.push_substitution(inner);
         self.i = (end + 1).min(self.b.len());
+    }
+
+    fn push_substitution(&mut self, inner: String) {
+        let marker = format!("{SUB_OPEN}{}{SUB_CLOSE}", self.current.nested.len());
+        self.current.nested.push(inner);
+        self.word.extend_from_slice(marker.as_bytes());
+        self.word_started = true;
     }
 
     fn dollar(&mut self) {
@@ -311,7 +328,8 @@ impl Lexer<'_> {
                 if !name.is_empty() && is_name_start(name[0]) && name.iter().all(|&c| is_name(c)) {
                     self.push_var(start, end);
                 } else {
-                    self.word.extend_from_slice(&self.b[self.i..end.min(self.b.len())]);
+                    self.word
+                        .extend_from_slice(&self.b[self.i..end.min(self.b.len())]);
                     self.word.push(b'}');
                 }
                 self.word_started = true;
@@ -454,7 +472,11 @@ impl Lexer<'_> {
                     let line = String::from_utf8_lossy(&self.b[self.i..end]);
                     self.i = (end + 1).min(self.b.len());
                     let line = line.trim_end_matches('\r');
-                    let bare = if strip_tabs { line.trim_start_matches('\t') } else { line };
+                    let bare = if strip_tabs {
+                        line.trim_start_matches('\t')
+                    } else {
+                        line
+                    };
                     if bare == delimiter {
                         break;
                     }

@@ -20,7 +20,10 @@ fn check(text: &str, expected: &[&[&str]]) {
 
 #[test]
 fn operators_split_commands_outside_quotes_only() {
-    check("git status && git log --all", &[&["git", "status"], &["git", "log", "--all"]]);
+    check(
+        "git status && git log --all",
+        &[&["git", "status"], &["git", "log", "--all"]],
+    );
     check("a;b|c||d&e", &[&["a"], &["b"], &["c"], &["d"], &["e"]]);
     check("echo 'a && b; c' \"d | e\"", &[&["echo", "a && b; c", "d | e"]]);
     check("(cd /r && git fetch)", &[&["cd", "/r"], &["git", "fetch"]]);
@@ -39,7 +42,10 @@ fn quotes_escapes_and_continuations_are_removed() {
 
 #[test]
 fn comments_end_at_the_line() {
-    check("pip install -e . # see https://x\nls", &[&["pip", "install", "-e", "."], &["ls"]]);
+    check(
+        "pip install -e . # see https://x\nls",
+        &[&["pip", "install", "-e", "."], &["ls"]],
+    );
     check("echo a#b", &[&["echo", "a#b"]]);
 }
 

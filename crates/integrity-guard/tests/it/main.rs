@@ -1,0 +1,3 @@
+//! Integration tests of `integrity-guard`: the rules scored on the committed corpus.
+
+mod corpus;
