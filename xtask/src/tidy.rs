@@ -16,20 +16,16 @@ use serde_json::Value;
 
 /// The workspace crates each crate may depend on; a crate missing here may depend on none.
 const ALLOWED: &[(&str, &[&str])] = &[
-    // A leaf: the integrity guard's rules, which the config loader validates with, the proxy scans with and
-    // the command line audits with.
-    ("integrity-guard", &[]),
-    ("stream-config", &["integrity-guard"]),
+    ("stream-config", &[]),
     ("arena-client", &["stream-config"]),
     ("reward-routing", &["stream-config"]),
-    ("rollout-proxy", &["integrity-guard"]),
+    ("rollout-proxy", &[]),
     ("trainer", &[]),
     ("arena-sim", &["stream-config"]),
     (
         "arena-rl",
         &[
             "stream-config",
-            "integrity-guard",
             "arena-client",
             "reward-routing",
             "rollout-proxy",
@@ -55,6 +51,17 @@ const SHARED_LEAVES: &[(&str, &[&str])] = &[
             "struct Watchdog",
             "struct Guarded",
             "fn serve_with(",
+        ],
+    ),
+    (
+        // The integrity guard's rules: the config loader validates user rules with it, the proxy scans
+        // generations with it and `arena-rl guard check` audits with it.
+        "integrity-guard",
+        &[
+            "struct RuleSpec",
+            "struct RuleSet",
+            "struct Scanner",
+            "DEFAULT_RULES_YAML: &str",
         ],
     ),
     (
@@ -514,6 +521,10 @@ fn shared_mechanisms_live_in_their_leaf_crates() {
             "pub struct Watchdog {}".to_string(),
         ),
         (fake.join("crates/http-guard/src/tests.rs"), "#[test]".to_string()),
+        (
+            fake.join("crates/integrity-guard/src/scan/tests.rs"),
+            "#[test]".to_string(),
+        ),
         (
             fake.join("crates/seeds/src/lib.rs"),
             "#[test] pub fn fnv1a(".to_string(),
