@@ -240,6 +240,14 @@ impl RuleSet {
         }
     }
 
+    /// The built-in rules, compiled once per process and shared.
+    pub fn shared_builtin() -> std::sync::Arc<Self> {
+        static SHARED: OnceLock<std::sync::Arc<RuleSet>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| std::sync::Arc::new(Self::builtin()))
+            .clone()
+    }
+
     /// The built-in rules.
     pub fn builtin() -> Self {
         Self::new(default_rule_specs().to_vec()).expect("the built-in rules compile (a unit test checks)")

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::error::{ApiError, ApiErrorKind};
 use crate::export::{ExportOptions, ExportedSession};
+use crate::integrity;
 use crate::metrics::Metrics;
 use crate::state::{Caller, ProxyState, SessionRewards};
 use wire::{
@@ -120,13 +121,25 @@ pub(crate) async fn start_session(
             Some(_) => return Err(ApiError::invalid("metadata must be an object").with_param("metadata")),
         };
         let key = start.api_key.filter(|k| !k.expose_secret().is_empty());
-        let (id, key) = state.store().start(
+        let selection = start.integrity.unwrap_or_default();
+        let guard = integrity::session_guard(
+            &state.shared().config.integrity,
+            selection.profile.as_deref(),
+            selection.base_commit.as_deref(),
+        )
+        .map_err(|m| ApiError::invalid(m).with_param("integrity.profile"))?;
+        let mut store = state.store();
+        let (id, key) = store.start(
             &start.task_id,
             key,
             &state.shared().config.admin_key,
             metadata,
             Instant::now(),
         )?;
+        if let Ok(session) = store.get_mut(&id) {
+            session.guard = guard;
+        }
+        drop(store);
         Metrics::add(&state.shared().metrics.sessions_started, 1);
         tracing::info!(session = &*id, "session started");
         Ok(axum::Json(StartSessionReply {
@@ -214,6 +227,7 @@ pub(crate) async fn end_session(
             context_overflow_message: summary.context_overflow,
             system_error: summary.system_error.is_some(),
             system_error_message: summary.system_error,
+            integrity_hits: summary.integrity_hits,
         })
         .into_response())
     })())
@@ -290,6 +304,7 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
         context_overflow: session.context_overflow.is_some(),
         system_error: session.system_error.is_some(),
         interaction_count: session.trajectory.len(),
+        integrity_hits: session.integrity_hits.clone(),
         trajectories,
     };
     Ok(axum::Json(exported).into_response())

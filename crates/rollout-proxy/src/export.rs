@@ -48,8 +48,12 @@
 //! Under [`crate::SessionRewards::Ignore`] a reward a session set with its own key was never kept, so
 //! only the admin's rewards and `final_reward` appear here.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::integrity::IntegrityHit;
 
 /// How to cut a session into trajectories.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -103,6 +107,9 @@ pub struct ExportedSession {
     pub system_error: bool,
     /// How many interactions the session recorded (before orphan dropping).
     pub interaction_count: usize,
+    /// Integrity hits of the session's generations, per rule id; absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub integrity_hits: BTreeMap<String, u64>,
     /// The trajectories, oldest first.
     pub trajectories: Vec<ExportedTrajectory>,
 }
@@ -151,4 +158,8 @@ pub struct ExportedTrajectory {
     pub finish_reason: String,
     /// The session's metadata from `start_session`.
     pub metadata: Value,
+    /// The integrity hits of the chain's interactions (at most
+    /// [`crate::integrity::MAX_HITS_PER_INTERACTION`] each), oldest first; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub integrity_hits: Vec<IntegrityHit>,
 }

@@ -23,6 +23,7 @@ use crate::engine::{
     EngineError, EngineEvent, FinishReason, GenerateRequest, SampledToken, SamplingParams, TokenStream,
 };
 use crate::error::{ApiError, ApiErrorKind};
+use crate::integrity::MAX_HITS_PER_INTERACTION;
 use crate::messages::{chain, collect_images, for_template, message_key};
 use crate::metrics::Metrics;
 use crate::parse::{OutputParser, Parsed, StopMatcher, ToolCallFormat};
@@ -727,6 +728,19 @@ impl Generation {
         };
         let output_message = output_message(&self.content, "", &self.tool_calls);
         let p = &self.prepared;
+        let guard = p
+            .state
+            .store()
+            .get_mut(&p.session)
+            .ok()
+            .and_then(|s| s.guard.clone());
+        let mut integrity_hits = guard.map_or_else(Vec::new, |g| g.scan(&self.content, &self.tool_calls));
+        if !integrity_hits.is_empty() {
+            let rules: Vec<&str> = integrity_hits.iter().map(|h| h.rule.as_str()).collect();
+            tracing::info!(session = &*p.session, interaction = %p.id, rules = ?rules, "integrity rules hit");
+        }
+        integrity_hits.truncate(MAX_HITS_PER_INTERACTION);
+        let hit_rules: Vec<String> = integrity_hits.iter().map(|h| h.rule.clone()).collect();
         let interaction = Interaction {
             id: p.id.clone().into_boxed_str(),
             parent: p.parent,
@@ -744,6 +758,7 @@ impl Generation {
                 FinishKind::ToolCalls => Finish::ToolCalls,
             },
             reward: None,
+            integrity_hits: integrity_hits.into_boxed_slice(),
         };
         let state = p.state.clone();
         let shared = state.shared();
@@ -753,6 +768,9 @@ impl Generation {
         self.prepared.admitted = false;
         if recorded {
             Metrics::add(&shared.metrics.generations, 1);
+            for rule in hit_rules {
+                shared.metrics.integrity_hit(rule);
+            }
         }
         Metrics::add(&shared.metrics.prompt_tokens, self.prepared.prompt.len() as u64);
         Metrics::add(&shared.metrics.completion_tokens, self.tokens.len() as u64);

@@ -48,6 +48,7 @@ pub mod engine;
 pub mod error;
 pub mod export;
 pub mod generation;
+pub mod integrity;
 pub mod messages;
 mod metrics;
 pub mod model;
@@ -71,6 +72,7 @@ pub use engine::{
 pub use error::{ApiError, ApiErrorKind, Error, Protocol, Result};
 pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory};
 pub use http_guard::{self as connection, BodyRefused, ConnectionLimits, serve_with};
+pub use integrity::{IntegrityConfig, IntegrityHit};
 pub use model::ChatModel;
 pub use parse::{ReasoningFormat, ToolCallFormat};
 pub use pool::PoolLimits;

@@ -31,6 +31,11 @@ struct EndpointLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: &'static str,
 }
@@ -45,6 +50,7 @@ pub(crate) struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
     errors: Family<ErrorLabels, Counter>,
+    integrity_hits: Family<RuleLabels, Counter>,
     pub(crate) prompt_tokens: Counter,
     pub(crate) completion_tokens: Counter,
     pub(crate) generations: Counter,
@@ -84,6 +90,7 @@ impl Default for Metrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
+            integrity_hits: Family::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
             generations: Counter::default(),
@@ -107,6 +114,11 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric (the registry holds clones that share the counts). Help texts end without a
     /// period: the registry appends one.
+    /// Counts one integrity hit of `rule`.
+    pub(crate) fn integrity_hit(&self, rule: String) {
+        self.integrity_hits.get_or_create(&RuleLabels { rule }).inc();
+    }
+
     fn register(&mut self) {
         let r = &mut self.registry;
         r.register(
@@ -123,6 +135,11 @@ impl Metrics {
             "rollout_proxy_errors",
             "Error answers by kind",
             self.errors.clone(),
+        );
+        r.register(
+            "rollout_proxy_integrity_hits",
+            "Integrity rule hits in recorded generations, by rule",
+            self.integrity_hits.clone(),
         );
         let counters: [(&str, &str, &Counter); 9] = [
             (

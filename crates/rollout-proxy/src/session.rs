@@ -8,7 +8,7 @@
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::auth;
 use crate::error::{ApiError, ApiErrorKind};
+use crate::integrity::{self, SessionGuard};
 use crate::trajectory::{Interaction, Trajectory};
 
 /// Bounds on what the store holds.
@@ -85,6 +86,10 @@ pub(crate) struct Session {
     pub(crate) generation_defaults: Map<String, Value>,
     pub(crate) stored_tokens: u64,
     pub(crate) requests: u64,
+    /// The integrity scanner of the session's generations, when it has rules.
+    pub(crate) guard: Option<Arc<SessionGuard>>,
+    /// Integrity hits recorded on its interactions, per rule.
+    pub(crate) integrity_hits: BTreeMap<String, u64>,
 }
 
 /// What ending a session reports.
@@ -94,6 +99,7 @@ pub(crate) struct EndSummary {
     pub(crate) interaction_count: u64,
     pub(crate) context_overflow: Option<String>,
     pub(crate) system_error: Option<String>,
+    pub(crate) integrity_hits: BTreeMap<String, u64>,
 }
 
 /// All sessions.
@@ -235,6 +241,8 @@ impl SessionStore {
                 generation_defaults,
                 stored_tokens: 0,
                 requests: 0,
+                guard: None,
+                integrity_hits: BTreeMap::new(),
             },
         );
         if let Some(c) = self.capacity.as_mut() {
@@ -312,6 +320,7 @@ impl SessionStore {
             return false;
         };
         let tokens = interaction.stored_tokens();
+        integrity::count(&mut session.integrity_hits, &interaction.integrity_hits);
         session.stored_tokens += tokens;
         session.trajectory.push(interaction);
         self.stored_tokens += tokens;
@@ -330,6 +339,7 @@ impl SessionStore {
             interaction_count: session.trajectory.len() as u64,
             context_overflow: session.context_overflow.clone(),
             system_error: session.system_error.clone(),
+            integrity_hits: session.integrity_hits.clone(),
         };
         if self.keys.get(&digest).is_some_and(|owner| &**owner == id) {
             self.keys.remove(&digest);

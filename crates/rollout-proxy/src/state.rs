@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::auth;
 use crate::engine::InferenceEngine;
 use crate::error::{ApiError, ApiErrorKind, Error, Result};
+use crate::integrity::IntegrityConfig;
 use crate::messages::{Preprocessor, preprocessor};
 use crate::metrics::{Gauges, Metrics};
 use crate::model::ChatModel;
@@ -66,6 +67,8 @@ pub struct ProxyConfig {
     pub session_rewards: SessionRewards,
     /// The threads that parse, render and tokenise generation requests, and how many may wait for one.
     pub pool: PoolLimits,
+    /// The integrity rules generations are scanned with (default: the built-in rules for every session).
+    pub integrity: IntegrityConfig,
 }
 
 /// What becomes of a reward a session sets with its own key (`POST /rl/set_reward`): the reference
@@ -98,6 +101,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("connection", &self.connection)
             .field("session_rewards", &self.session_rewards)
             .field("pool", &self.pool)
+            .field("integrity", &self.integrity)
             .finish_non_exhaustive()
     }
 }
@@ -123,6 +127,7 @@ impl ProxyConfig {
             connection: ConnectionLimits::default(),
             session_rewards: SessionRewards::Honour,
             pool: PoolLimits::default(),
+            integrity: IntegrityConfig::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::engine::SamplingParams;
 use crate::export::{ExportOptions, ExportStyle, ExportedTrajectory};
+use crate::integrity::{Hit, IntegrityHit};
 
 /// The distribution an interaction's recorded log-probabilities are of, as exported per token.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,6 +90,9 @@ pub(crate) struct Interaction {
     pub(crate) stop_token: Option<u32>,
     pub(crate) finish: Finish,
     pub(crate) reward: Option<f64>,
+    /// What the integrity guard found in the output (at most
+    /// [`crate::integrity::MAX_HITS_PER_INTERACTION`]).
+    pub(crate) integrity_hits: Box<[Hit]>,
 }
 
 impl Interaction {
@@ -317,6 +321,18 @@ impl Trajectory {
             original_reward,
             finish_reason: self.interactions[index as usize].finish.as_str().to_string(),
             metadata: metadata.clone(),
+            integrity_hits: lineage
+                .iter()
+                .flat_map(|&i| {
+                    let it = &self.interactions[i as usize];
+                    it.integrity_hits.iter().map(|h| IntegrityHit {
+                        interaction_id: it.id.to_string(),
+                        rule: h.rule.clone(),
+                        category: h.category.clone(),
+                        matched: h.matched.clone(),
+                    })
+                })
+                .collect(),
         };
         let mut first_trained = None;
         for &i in &lineage {

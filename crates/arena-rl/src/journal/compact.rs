@@ -16,7 +16,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
-use rollout_proxy::ExportedTrajectory;
+use rollout_proxy::{ExportedTrajectory, IntegrityHit};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -35,6 +35,9 @@ struct Stored {
     original_reward: f64,
     finish_reason: String,
     metadata: Value,
+    /// The integrity hits on the trajectory, as exported (absent in older records and when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    integrity_hits: Vec<IntegrityHit>,
 }
 
 /// Either form, for reading.
@@ -62,6 +65,7 @@ pub(crate) fn serialize<S: Serializer>(trajectories: &[ExportedTrajectory], s: S
             original_reward: t.original_reward,
             finish_reason: t.finish_reason.clone(),
             metadata: t.metadata.clone(),
+            integrity_hits: t.integrity_hits.clone(),
         })
         .collect();
     stored.serialize(s)
@@ -94,6 +98,7 @@ pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Exporte
                     original_reward: s.original_reward,
                     finish_reason: s.finish_reason,
                     metadata: s.metadata,
+                    integrity_hits: s.integrity_hits,
                 };
                 decode(&blob, &mut t).map_err(serde::de::Error::custom)?;
                 Ok(t)

@@ -1,6 +1,6 @@
 //! The scanner on tool calls, assistant text, session memory and hostile input.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 
@@ -9,8 +9,7 @@ use crate::rules::RuleSet;
 
 /// The built-in rules, compiled once for all tests (compiling takes longer than scanning).
 fn builtin() -> Arc<RuleSet> {
-    static RULES: OnceLock<Arc<RuleSet>> = OnceLock::new();
-    RULES.get_or_init(|| Arc::new(RuleSet::builtin())).clone()
+    RuleSet::shared_builtin()
 }
 
 fn scanner() -> Scanner {

@@ -9,6 +9,8 @@
 //! Keys (`api_key`) are [`SecretString`]s: `Debug` never shows them, and only serialising (which puts them
 //! on the wire, where they belong) exposes them.
 
+use std::collections::BTreeMap;
+
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
@@ -47,6 +49,21 @@ pub struct StartSessionRequest {
     /// the session's defaults for fields a request omits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// Which integrity rules scan the session's generations (this project's; absent: the proxy's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<IntegritySelection>,
+}
+
+/// A session's integrity rules ([`crate::integrity`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntegritySelection {
+    /// A profile of the proxy's [`crate::integrity::IntegrityConfig::profiles`]; absent: the default rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// The task's base commit (hex), when the row gives it: a hash naming it is not evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_commit: Option<String>,
 }
 
 impl StartSessionRequest {
@@ -56,6 +73,7 @@ impl StartSessionRequest {
             task_id: task_id.into(),
             api_key: None,
             metadata: None,
+            integrity: None,
         }
     }
 }
@@ -123,6 +141,9 @@ pub struct EndSessionReply {
     pub system_error: bool,
     /// The first failure's message.
     pub system_error_message: Option<String>,
+    /// Integrity hits of the session's generations, per rule id (this project's; absent when none).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub integrity_hits: BTreeMap<String, u64>,
 }
 
 /// `POST /export_trajectories` (admin); the format is documented in [`crate::export`].

@@ -26,6 +26,7 @@ fn interaction(
         stop_token: None,
         finish: Finish::Stop,
         reward: None,
+        integrity_hits: Box::default(),
     }
 }
 

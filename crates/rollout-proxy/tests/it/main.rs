@@ -11,6 +11,7 @@ mod flood;
 mod fuzz;
 mod harness_cli;
 mod hostile;
+mod integrity;
 mod litellm;
 mod messages;
 mod multiturn;

@@ -34,6 +34,17 @@ fn trajectory(n: usize) -> ExportedTrajectory {
         original_reward: 0.75,
         finish_reason: "stop".into(),
         metadata: serde_json::json!({"task": "t"}),
+        // One trajectory of the round trip carries an integrity hit, which the journal keeps as it is.
+        integrity_hits: if n == 1 {
+            vec![IntegrityHit {
+                interaction_id: "i".into(),
+                rule: "git-reflog".into(),
+                category: "reflog-objects".into(),
+                matched: "git reflog".into(),
+            }]
+        } else {
+            Vec::new()
+        },
     }
 }
 
