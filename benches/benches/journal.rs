@@ -52,6 +52,7 @@ fn trajectory() -> ExportedTrajectory {
         original_reward: 0.5,
         finish_reason: "stop".into(),
         metadata: serde_json::json!({"task_id": "bench"}),
+        integrity_hits: Vec::new(),
     }
 }
 
