@@ -10,6 +10,8 @@
 //! - `draw` before the rollouts of a prompt that dynamic sampling adds to a step (its group index and row).
 //! - `rollout` once a rollout is finished, routed and exported: its decision and trajectories. Training
 //!   consumes rollouts only from here, so a finished rollout is never lost and never run again.
+//! - `audit` in the same write, just before its `rollout`: the rollout's audit record, appended to the audit
+//!   shards only once it is journaled, so that each rollout is audited once ([`AuditEntry`]).
 //! - `step` after a training step (informational; the checkpoint decides where a resumed run starts).
 //! - `answered` and `carried` only in a segment's head (below): a sample's answered-launch count, and a copy
 //!   of a rollout or draw from an older segment.
@@ -20,8 +22,9 @@
 //! The journal is written in segments ([`segments`]): at each checkpoint the loop starts a new one
 //! ([`Journal::rotate`]) whose head carries what a run resumed from that checkpoint needs of the older ones
 //! (the nonce, open routes and tasks, launches in flight and their counts as `answered` entries, and every
-//! rollout and draw of the checkpoint's steps on as `carried` copies), then retires the segments no kept
-//! checkpoint needs ([`Journal::retire_before`]). What audits need lives in the audit shards, never here.
+//! rollout, audit record and draw of the checkpoint's steps on as `carried` copies), then retires the
+//! segments no kept checkpoint needs ([`Journal::retire_before`]). The audit shards hold the audit; the
+//! journal holds a rollout's record only until a resumed run has checked that the shards have it.
 //!
 //! On open, every segment is read back in order: a torn last line of the newest (a kill in the middle of a
 //! write) is cut off, and [`JournalState`] says which routes and tasks a killed process left behind and
@@ -106,6 +109,21 @@ pub struct RolloutRecord {
     pub policy_version: u64,
 }
 
+/// A finished rollout's audit record, as the journal holds it until a resumed run has checked that the audit
+/// shards have it: a kill between the journal write and the audit append leaves it to the resumed run to
+/// append, and the journal write comes first so that a rollout run again after a kill is never audited twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Which rollout.
+    pub key: SampleKey,
+    /// Where the audit writer was about to append it; the record is there or later.
+    pub at: reward_routing::AuditPosition,
+    /// The task the record is about.
+    pub task_id: String,
+    /// The record's line, as the audit writer writes it.
+    pub line: String,
+}
+
 /// One journal line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -157,6 +175,9 @@ pub enum Entry {
         /// The drawn row.
         data_id: String,
     },
+    /// A finished rollout's audit record, journaled in the same write as its `rollout` entry (just before it)
+    /// and appended to the audit shards right after.
+    Audit(Box<AuditEntry>),
     /// A finished rollout.
     Rollout(Box<RolloutRecord>),
     /// How many launches of a sample Arena had answered, carried into a new segment.
@@ -189,6 +210,11 @@ pub struct JournalState {
     pub open_tasks: BTreeSet<String>,
     /// Finished rollouts by key (the first record of a key wins).
     pub rollouts: BTreeMap<SampleKey, RolloutRecord>,
+    /// Audit records of rollouts by key (the first of a key wins); only those of journaled rollouts count.
+    pub audits: BTreeMap<SampleKey, AuditEntry>,
+    /// Per audit shard stem (directory and stem), the earliest position an audit record was journaled at:
+    /// every record this run journaled for those shards is there or later.
+    pub audit_from: BTreeMap<(PathBuf, String), (u64, u64)>,
     /// The run's nonce (the `begin` line).
     pub nonce: Option<String>,
     /// Per sample, how many of its launches Arena answered with a task id. A sample launched again after
@@ -227,6 +253,15 @@ impl JournalState {
             }
             Entry::Rollout(record) => {
                 self.rollouts.entry(record.key).or_insert(*record);
+            }
+            Entry::Audit(audit) => {
+                let at = &audit.at;
+                let from = (at.index, at.offset);
+                self.audit_from
+                    .entry((at.dir.clone(), at.stem.clone()))
+                    .and_modify(|earliest| *earliest = (*earliest).min(from))
+                    .or_insert(from);
+                self.audits.entry(audit.key).or_insert(*audit);
             }
             Entry::Carried { entry } => self.apply(*entry),
             _ => {}
@@ -282,7 +317,7 @@ impl JournalState {
                 }
             }
             Entry::Carried { entry } => self.track(entry),
-            Entry::Draw { .. } => {}
+            Entry::Draw { .. } | Entry::Audit(_) => {}
         }
     }
 
@@ -333,10 +368,12 @@ impl JournalState {
         entries
     }
 
-    /// A copy without the rollouts and draws, as a live journal tracks it.
+    /// A copy without the rollouts, audits and draws, as a live journal tracks it.
     fn tracked(&self) -> Self {
         Self {
             rollouts: BTreeMap::new(),
+            audits: BTreeMap::new(),
+            audit_from: BTreeMap::new(),
             draws: BTreeMap::new(),
             ..self.clone()
         }
@@ -504,9 +541,9 @@ impl Journal {
     }
 
     /// Starts a new segment whose head holds what a run resumed from a checkpoint of `from_step` (or later)
-    /// needs of the older ones: the tracked state and, carried over, every rollout and draw of `from_step`
-    /// on. Written and synced before any later entry, so the older segments can be retired once a checkpoint
-    /// that names the new segment is saved. Returns the new segment's number.
+    /// needs of the older ones: the tracked state and, carried over, every rollout, audit and draw of
+    /// `from_step` on. Written and synced before any later entry, so the older segments can be retired once a
+    /// checkpoint that names the new segment is saved. Returns the new segment's number.
     pub fn rotate(&self, from_step: u64) -> Result<u32> {
         let mut writer = self.writer();
         let mut head = Vec::new();

@@ -9,14 +9,14 @@ mod secure;
 
 pub use secure::open_private_file;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use stream_config::TaskStatus;
 
@@ -310,7 +310,30 @@ impl AuditWriter {
 
     /// Appends one record. Returns whether it was written; a failure is logged and counted, never raised.
     pub fn append(&self, record: &AuditRecord) -> bool {
-        let line = record.to_line(self.config.max_raw_bytes);
+        self.append_line(&self.line(record), &record.task_id)
+    }
+
+    /// `record` as this writer writes it ([`AuditRecord::to_line`] with its `raw` limit).
+    pub fn line(&self, record: &AuditRecord) -> String {
+        record.to_line(self.config.max_raw_bytes)
+    }
+
+    /// Where the next record goes: the current shard at its current length, or later (another thread's record
+    /// may come first, and a rotation moves on to the next shard). The position of a shard not yet opened
+    /// is its start.
+    pub fn position(&self) -> AuditPosition {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        AuditPosition {
+            dir: self.dir.clone(),
+            stem: self.stem.clone(),
+            index: state.index,
+            offset: state.shard.as_ref().map_or(0, |shard| shard.len),
+        }
+    }
+
+    /// Appends a line made by [`AuditWriter::line`] (for task `task_id`, named in a failure's log line).
+    /// Returns whether it was written; a failure is logged and counted, never raised.
+    pub fn append_line(&self, line: &str, task_id: &str) -> bool {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match self.write_line(&mut state, line.as_bytes()) {
             Ok(()) => {
@@ -323,7 +346,7 @@ impl AuditWriter {
                 state.shard = None;
                 self.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    task_id = %record.task_id,
+                    task_id = %task_id,
                     dir = %self.dir.display(),
                     "failed to persist arena result audit record: {error}"
                 );
@@ -396,6 +419,62 @@ impl AuditWriter {
         let name = self.shard_name(index);
         let (file, len) = secure::open_shard(&self.dir, &name)?;
         Ok(Shard { file, len })
+    }
+}
+
+/// A place in an [`AuditWriter`]'s shards ([`AuditWriter::position`]): byte `offset` of shard `index` of the
+/// shards named `stem` in `dir`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditPosition {
+    /// The absolute shard directory.
+    pub dir: PathBuf,
+    /// The shard name stem (`arena_results_<hostname>_<pid>`).
+    pub stem: String,
+    /// The shard's rotation index (0 is `<stem>.jsonl`, `n` is `<stem>.<n>.jsonl`).
+    pub index: u64,
+    /// The byte offset in that shard.
+    pub offset: u64,
+}
+
+impl AuditPosition {
+    /// The task ids of every complete record from this position on: the rest of its shard, then each later
+    /// shard of the same stem up to the first missing one. A line a failed or killed write left unfinished
+    /// is not a record. A resumed run reads what its killed process wrote after a journaled rollout this way,
+    /// to find whether that rollout's record was written.
+    pub fn task_ids_since(&self) -> std::io::Result<BTreeSet<String>> {
+        use std::io::{BufRead as _, Seek as _};
+        #[derive(Deserialize)]
+        struct TaskId {
+            task_id: String,
+        }
+        let mut ids = BTreeSet::new();
+        for index in self.index.. {
+            let name = if index == 0 {
+                format!("{}.jsonl", self.stem)
+            } else {
+                format!("{}.{index}.jsonl", self.stem)
+            };
+            let mut file = match File::open(self.dir.join(name)) {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => return Err(e),
+            };
+            if index == self.index {
+                file.seek(std::io::SeekFrom::Start(self.offset))?;
+            }
+            let mut reader = std::io::BufReader::new(file);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                if reader.read_until(b'\n', &mut line)? == 0 || !line.ends_with(b"\n") {
+                    break;
+                }
+                if let Ok(record) = serde_json::from_slice::<TaskId>(&line) {
+                    ids.insert(record.task_id);
+                }
+            }
+        }
+        Ok(ids)
     }
 }
 

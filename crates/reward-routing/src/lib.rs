@@ -35,7 +35,8 @@ mod test_support;
 mod transform;
 
 pub use audit::{
-    AuditConfig, AuditRecord, AuditStats, AuditWriter, DEFAULT_MAX_RAW_BYTES, open_private_file,
+    AuditConfig, AuditPosition, AuditRecord, AuditStats, AuditWriter, DEFAULT_MAX_RAW_BYTES,
+    open_private_file,
 };
 pub use classify::{
     CLAUDE_AGENT_PHASE_EXITED, CLAUDE_REPORTED_ERROR, Failure, FailureDisposition, classify_failure,

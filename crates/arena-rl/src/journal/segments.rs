@@ -69,13 +69,25 @@ struct Head {
     #[serde(default)]
     group: Option<u32>,
     #[serde(default)]
+    at: Option<At>,
+    #[serde(default)]
     entry: Option<Box<Head>>,
+}
+
+/// Where an audit line says its record went.
+#[derive(Deserialize)]
+struct At {
+    stem: String,
+    index: u64,
+    offset: u64,
 }
 
 /// What a carried line is, for keeping the first of each.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Carried {
     Rollout(SampleKey),
+    /// A rollout's audit record and where it went: a record a resumed run appended again has a second line.
+    Audit(SampleKey, String, u64, u64),
     Draw(u64, u32),
 }
 
@@ -84,6 +96,13 @@ impl Head {
     fn carried(&self) -> Option<(Carried, u64)> {
         match self.kind.as_str() {
             "rollout" => self.key.map(|k| (Carried::Rollout(k), k.step)),
+            "audit" => {
+                let (key, at) = (self.key?, self.at.as_ref()?);
+                Some((
+                    Carried::Audit(key, at.stem.clone(), at.index, at.offset),
+                    key.step,
+                ))
+            }
             "draw" => Some((Carried::Draw(self.step?, self.group?), self.step?)),
             "carried" => self.entry.as_ref()?.carried(),
             _ => None,
@@ -91,7 +110,7 @@ impl Head {
     }
 }
 
-/// Appends to `out` every rollout and draw line of `file` for step `from_step` or later that `seen` does not
+/// Appends to `out` every rollout, audit and draw line of `file` for step `from_step` or later that `seen` does not
 /// hold yet, each as a `carried` entry; complete lines only (a torn tail is the live segment's to cut).
 pub(super) fn carry_lines(
     file: &File,

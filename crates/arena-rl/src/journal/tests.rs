@@ -285,3 +285,47 @@ fn entries_appended_together_share_one_write_and_a_kill_keeps_a_prefix() {
     assert_eq!(state.torn_lines, 1);
     assert_eq!(state.draws.keys().collect::<Vec<_>>(), [&(0, 2), &(0, 3)]);
 }
+
+fn audit(k: SampleKey, stem: &str, offset: u64) -> Entry {
+    Entry::Audit(Box::new(AuditEntry {
+        key: k,
+        at: reward_routing::AuditPosition {
+            dir: PathBuf::from("/audit"),
+            stem: stem.into(),
+            index: 0,
+            offset,
+        },
+        task_id: "t".into(),
+        line: "{\"task_id\":\"t\"}\n".into(),
+    }))
+}
+
+#[test]
+fn audit_records_are_carried_with_every_position_and_replayed_from_the_earliest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.jsonl");
+    let (journal, _) = Journal::open(&path).unwrap();
+    journal
+        .append_all(&[audit(key(0, 0, 0), "a", 40), record(key(0, 0, 0), 1.0)])
+        .unwrap();
+    journal
+        .append_all(&[audit(key(1, 0, 0), "a", 90), record(key(1, 0, 0), 1.0)])
+        .unwrap();
+    // A resumed run appended step 1's record again elsewhere, and journaled where.
+    journal.append(&audit(key(1, 0, 0), "b", 0)).unwrap();
+    journal.rotate(1).unwrap();
+    journal.retire_before(1, false).unwrap();
+    drop(journal);
+    let (_, state) = Journal::open(&path).unwrap();
+    assert_eq!(state.audits.keys().copied().collect::<Vec<_>>(), [key(1, 0, 0)]);
+    let from: Vec<_> = state
+        .audit_from
+        .iter()
+        .map(|((_, s), at)| (s.as_str(), *at))
+        .collect();
+    assert_eq!(
+        from,
+        [("a", (0, 90)), ("b", (0, 0))],
+        "both positions of step 1's record, none of step 0's"
+    );
+}

@@ -4,6 +4,7 @@
 //! The journal is opened (and a killed run's routes and tasks settled, `leftovers.rs`) before anything can
 //! fail later.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -122,6 +123,58 @@ fn admin_key(config: &RunConfig, env: &Env) -> SecretString {
     }
 }
 
+/// Appends the audit records of journaled rollouts that the audit shards lack: a kill came between a
+/// rollout's journal write and its audit append. Only the shards' tails from the earliest position the journal
+/// names for each are read. Each record appended again is journaled again first with its new position, so a
+/// later resume finds it there. A shard that cannot be read is logged and its records are not appended again
+/// (an audit failure never stops a run, and they may be there).
+fn complete_audits(writer: &AuditWriter, journal: &Journal, replay: &JournalState) -> Result<()> {
+    let mut written = BTreeSet::new();
+    for ((dir, stem), (index, offset)) in &replay.audit_from {
+        let from = reward_routing::AuditPosition {
+            dir: dir.clone(),
+            stem: stem.clone(),
+            index: *index,
+            offset: *offset,
+        };
+        match from.task_ids_since() {
+            Ok(ids) => written.extend(ids),
+            Err(e) => {
+                tracing::warn!(
+                    dir = %dir.display(), %stem, error = %e,
+                    "cannot read a killed process's audit shards; not appending its records again"
+                );
+                written.extend(
+                    replay
+                        .audits
+                        .values()
+                        .filter(|a| a.at.dir == *dir && a.at.stem == *stem)
+                        .map(|a| a.task_id.clone()),
+                );
+            }
+        }
+    }
+    let mut appended = 0;
+    for (key, audit) in &replay.audits {
+        if !replay.rollouts.contains_key(key) || written.contains(&audit.task_id) {
+            continue;
+        }
+        let again = crate::journal::AuditEntry {
+            at: writer.position(),
+            ..audit.clone()
+        };
+        journal.append(&Entry::Audit(Box::new(again)))?;
+        appended += usize::from(writer.append_line(&audit.line, &audit.task_id));
+    }
+    if appended > 0 {
+        tracing::info!(
+            records = appended,
+            "appended the audit records a killed process had journaled but not written"
+        );
+    }
+    Ok(())
+}
+
 /// The proxy as the run uses it: the server, its state, its control client and its address for Arena.
 struct StartedProxy {
     server: ProxyServer,
@@ -161,6 +214,9 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         audit_config.max_raw_bytes = config.econfig.arena_result_dump_max_bytes;
         Some(AuditWriter::shared(audit_config).context("econfig.arena_result_dump_dir")?)
     };
+    if let Some(writer) = &audit {
+        complete_audits(writer, &journal, &replay)?;
+    }
     let reward = settings::reward_config(&config);
     reward.validate().context("the reward settings")?;
     let mut secrets = config.secrets(env);

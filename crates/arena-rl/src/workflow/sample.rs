@@ -6,14 +6,15 @@ use std::sync::atomic::Ordering;
 
 use arena_client::{RewardRefCheck, RolloutReport, RolloutSpec, RunOptions, TaskResult};
 use reward_routing::{
-    Decision, Episode, ErrorStage, Metric, Outcome, Routed, SampleResult, Scope, TaskOutcome, route_outcome,
+    AuditRecord, Decision, Episode, ErrorStage, Lifecycle, Metric, Outcome, Routed, SampleResult, Scope,
+    TaskOutcome, route_outcome,
 };
 use rollout_proxy::ExportedTrajectory;
 
 use super::Workflow;
 use super::hooks::{JournalHooks, lifecycle_metrics};
 use crate::error::Result;
-use crate::journal::{Entry, RolloutRecord, SampleKey, Verdict};
+use crate::journal::{AuditEntry, Entry, RolloutRecord, SampleKey, Verdict};
 use crate::proxy_control::Session;
 use crate::resolve::{PromptRow, ResolvedStream};
 use rollout_proxy::control::wire::EndSessionReply;
@@ -49,22 +50,44 @@ impl Workflow {
             trajectories: Vec::new(),
             policy_version: version,
         };
-        let metrics = self.sample_inner(&mut record, row, scope).await?;
-        self.journal.append(&Entry::Rollout(Box::new(record.clone())))?;
+        let (mut metrics, audit) = self.sample_inner(&mut record, row, scope).await?;
+        // The audit record goes into the journal with the rollout and only then to the audit shards: a kill
+        // before the journal write runs the rollout again and audits it then, one after it leaves the record
+        // to the resumed run (`run::setup`), which appends it when the shards lack it.
+        let audit = self
+            .audit
+            .as_ref()
+            .zip(audit)
+            .map(|(writer, audited)| AuditEntry {
+                key,
+                at: writer.position(),
+                task_id: audited.task_id.clone(),
+                line: writer.line(&audited),
+            });
+        let mut entries = Vec::with_capacity(2);
+        entries.extend(audit.map(|a| Entry::Audit(Box::new(a))));
+        entries.push(Entry::Rollout(Box::new(record.clone())));
+        self.journal.append_all(&entries)?;
+        if let (Some(writer), Some(Entry::Audit(a))) = (&self.audit, entries.first()) {
+            crate::failpoint::reach(crate::failpoint::ROLLOUT_JOURNALED);
+            let written = writer.append_line(&a.line, &a.task_id);
+            metrics.push(Lifecycle::ResultDumpSuccess.metric(scope, written));
+        }
         Ok((record, metrics))
     }
 
+    /// The sample up to its journal record: its metrics and the audit record to write once it is journaled.
     async fn sample_inner(
         self: &Arc<Self>,
         record: &mut RolloutRecord,
         row: &PromptRow,
         scope: Scope,
-    ) -> Result<Vec<Metric>> {
+    ) -> Result<(Vec<Metric>, Option<AuditRecord>)> {
         let key = record.key;
         let Some(stream) = self.stream(&row.stream) else {
             let message = format!("unknown stream name {:?}", row.stream);
             reject(record, "arena_error", message);
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         };
         let session = match async {
             self.proxy.grant().await?;
@@ -75,7 +98,7 @@ impl Workflow {
             Ok(s) => s,
             Err(e) => {
                 reject(record, "proxy_error", format!("{e:#}"));
-                return Ok(Vec::new());
+                return Ok((Vec::new(), None));
             }
         };
         let hooks = JournalHooks::new(&self.journal, key);
@@ -97,14 +120,8 @@ impl Workflow {
         };
         let routed = route_outcome(&episode, &stream.rule);
         metrics.extend(routed.metrics.iter().cloned());
-        if let Some(audit) = &self.audit
-            && let Some(rec) = routed.audit_now()
-        {
-            metrics.push(audit.append_with_metric(rec, scope));
-        }
-        self.finish_sample(record, &session, &routed, scope, &mut metrics)
-            .await;
-        Ok(metrics)
+        let after_export = self.finish_sample(record, &session, &routed, &mut metrics).await;
+        Ok((metrics, routed.audit_now().cloned().or(after_export)))
     }
 
     /// The Arena side's inputs for one sample.
@@ -156,15 +173,14 @@ impl Workflow {
         }
     }
 
-    /// Sets the reward, exports the session, writes the after-export audit record and decides the verdict.
+    /// Sets the reward, exports the session and decides the verdict; returns the after-export audit record.
     async fn finish_sample(
         &self,
         record: &mut RolloutRecord,
         session: &Session,
         routed: &Routed,
-        scope: Scope,
         metrics: &mut Vec<Metric>,
-    ) {
+    ) -> Option<AuditRecord> {
         let reward = routed.decision.reward();
         if let Some(r) = reward
             && let Err(e) = self.proxy.set_reward(&session.session_id, r).await
@@ -175,11 +191,6 @@ impl Workflow {
         let nonempty = reward.is_some() && !trajectories.is_empty();
         let after = routed.after_export(nonempty);
         metrics.extend(after.metrics);
-        if let Some(audit) = &self.audit
-            && let Some(rec) = &after.audit
-        {
-            metrics.push(audit.append_with_metric(rec, scope));
-        }
         record.verdict = match routed.sample_result(nonempty) {
             SampleResult::Reward(r) => {
                 record.trajectories = trajectories;
@@ -200,6 +211,7 @@ impl Workflow {
                 }
             }
         };
+        after.audit
     }
 
     /// The session's trajectories; an export failure is logged and leaves none.

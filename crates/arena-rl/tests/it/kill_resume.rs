@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use arena_rl::Result;
 use arena_rl::error::Context as _;
+use arena_rl::failpoint;
 use arena_rl::journal::{Entry, SampleKey, Verdict};
 use arena_rl::run::{Plugins, train};
 use arena_rl::train::{NewWeights, StepOutput, TrainBatch, TrainStep};
@@ -113,17 +114,48 @@ struct Child<'a> {
     arena: &'a str,
 }
 
-fn spawn_child(base: &str, root: &Path, run: Child<'_>) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
+fn child_command(base: &str, root: &Path, run: Child<'_>) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args(["kill_resume::child", "--exact", "--nocapture", "--test-threads=1"])
         .env("ARENA_RL_KILL_BASE", base)
         .env("ARENA_RL_KILL_ROOT", root)
         .env("ARENA_RL_KILL_MODE", run.mode)
         .env("ARENA_RL_KILL_ARENA", run.arena)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
+        .env_remove(failpoint::ENV)
+        .stdout(Stdio::piped());
+    command
+}
+
+fn spawn_child(base: &str, root: &Path, run: Child<'_>) -> std::process::Child {
+    child_command(base, root, run)
         .stderr(Stdio::piped())
         .spawn()
+        .unwrap()
+}
+
+/// Runs the child with the fail-point `point` (`name` or `name:n`) armed and kills it with SIGKILL once it
+/// says it is holding there. Returns whether it got there (false: the run ended first).
+async fn kill_at_failpoint(base: &str, root: &Path, run: Child<'_>, point: &str) -> bool {
+    use std::io::BufRead as _;
+    let mut child = child_command(base, root, run)
+        .env(failpoint::ENV, point)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reached = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(std::result::Result::ok)
+            .any(|line| line.contains(failpoint::REACHED))
+    });
+    let reached = tokio::time::timeout(Duration::from_secs(120), reached).await;
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+    reached
+        .unwrap_or_else(|_| panic!("the child neither reached {point} nor ended in 120 s"))
         .unwrap()
 }
 
@@ -269,6 +301,38 @@ async fn kill_inside_launches(run: Child<'static>, kill_seed: u64) {
     }
 }
 
+/// Issue 30 item 12: kill -9 right after a rollout's journal record, before its audit record reaches the
+/// shards. The resumed run appends the record the shards lack; and since the journal record comes first, a
+/// rollout that a kill cuts before it runs again and is audited then, once. (Before, the audit record came
+/// first, and a kill between the two left a record for a rollout that was run again: audited twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_between_a_rollouts_journal_and_audit_records_audits_it_once() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    model_folder(root.path());
+    let base = sim.base_url();
+    let run = Child {
+        mode: "session_gateway",
+        arena: "",
+    };
+    let point = |n: u32| format!("{}:{n}", failpoint::ROLLOUT_JOURNALED);
+    assert!(kill_at_failpoint(&base, root.path(), run, &point(2)).await);
+    assert!(kill_at_failpoint(&base, root.path(), run, &point(4)).await);
+    finish_run(&base, root.path(), run).await;
+    let run_dir = root.path().join("quickstart/local");
+    check_resumed_run(&sim, &run_dir);
+    // The records the kills cut off were journaled again where the resumed runs appended them (each kill cut
+    // off the held rollout's, and may have cut another rollout's between its two writes).
+    let mut journaled: BTreeMap<SampleKey, usize> = BTreeMap::new();
+    for entry in journal_entries(&run_dir) {
+        if let Entry::Audit(a) = entry {
+            *journaled.entry(a.key).or_default() += 1;
+        }
+    }
+    let again = journaled.values().filter(|n| **n > 1).count();
+    assert!(again >= 2, "{again} records appended again: {journaled:?}");
+}
+
 fn sim_world() -> World {
     let mut world = World::quickstart();
     world.token = "sim-token".into();
@@ -374,6 +438,7 @@ fn journal_entries(run_dir: &Path) -> Vec<Entry> {
 fn check_resumed_run(sim: &ArenaSim, run_dir: &Path) {
     // The journal: every finished rollout recorded once, never run again after a kill.
     let mut rollouts: BTreeMap<SampleKey, Verdict> = BTreeMap::new();
+    let mut tasks: BTreeMap<SampleKey, String> = BTreeMap::new();
     let mut open_routes = BTreeSet::new();
     let mut draws: BTreeMap<(u64, u32), String> = BTreeMap::new();
     for entry in journal_entries(run_dir) {
@@ -393,6 +458,7 @@ fn check_resumed_run(sim: &ArenaSim, run_dir: &Path) {
                     "rollout {} of an extra draw finished before its draw was journaled",
                     r.key
                 );
+                tasks.extend(r.task_id.map(|t| (r.key, t)));
                 assert!(
                     rollouts.insert(r.key, r.verdict).is_none(),
                     "rollout {} was journaled twice: it was run again after being finished",
@@ -514,6 +580,7 @@ fn check_resumed_run(sim: &ArenaSim, run_dir: &Path) {
             );
         }
     }
+    check_audited_once(run_dir, &rollouts, &tasks);
     // Each step's metrics appear once, however often the run was killed and resumed.
     let metrics = std::fs::read_to_string(run_dir.join("metrics/metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
@@ -543,5 +610,43 @@ fn check_resumed_run(sim: &ArenaSim, run_dir: &Path) {
             n, rewarded,
             "group {group} trained {n} of its {rewarded} rewarded samples"
         );
+    }
+}
+
+/// Each rollout is audited once: no task twice in the audit shards, none of a rollout the journal does not
+/// hold (one run again after a kill), and every rewarded rollout's task there.
+fn check_audited_once(
+    run_dir: &Path,
+    rollouts: &BTreeMap<SampleKey, Verdict>,
+    tasks: &BTreeMap<SampleKey, String>,
+) {
+    let mut audited: BTreeMap<String, usize> = BTreeMap::new();
+    for shard in std::fs::read_dir(run_dir.join("arena_results"))
+        .unwrap()
+        .flatten()
+    {
+        for line in std::fs::read_to_string(shard.path()).unwrap().lines() {
+            let record: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}: {e}: {line}", shard.path().display()));
+            *audited
+                .entry(record["task_id"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    let journaled: BTreeSet<&str> = tasks.values().map(String::as_str).collect();
+    for (task, n) in &audited {
+        assert_eq!(*n, 1, "task {task} was audited {n} times");
+        assert!(
+            journaled.contains(task.as_str()),
+            "task {task} was audited, but no journaled rollout has it: its rollout was run again"
+        );
+    }
+    for (key, verdict) in rollouts {
+        if let (Verdict::Reward { .. }, Some(task)) = (verdict, tasks.get(key)) {
+            assert!(
+                audited.contains_key(task),
+                "rollout {key} (task {task}) was never audited"
+            );
+        }
     }
 }

@@ -396,3 +396,43 @@ fn bad_settings_are_reported_together() {
     let empty = AuditWriter::new(AuditConfig::new("")).expect_err("empty");
     assert_eq!(empty.to_string(), "arena_result_dump_dir must not be empty");
 }
+
+#[test]
+fn task_ids_since_a_position_read_complete_records_on_through_rotation() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let with_id = |id: &str| {
+        let mut r = record(Value::Null);
+        r.task_id = id.into();
+        r
+    };
+    let line_len = with_id("t-0").to_line(DEFAULT_MAX_RAW_BYTES).len() as u64;
+    let config = AuditConfig {
+        rotate_bytes: Some(line_len * 2),
+        ..AuditConfig::new(root.path())
+    };
+    let writer = AuditWriter::new(config).expect("writer");
+    assert_eq!(writer.position().offset, 0, "nothing opened yet");
+    assert!(writer.append(&with_id("t-0")));
+    let at = writer.position();
+    assert_eq!((at.index, at.offset), (0, line_len));
+    for id in ["t-1", "t-2", "t-3"] {
+        assert!(writer.append_line(&writer.line(&with_id(id)), id));
+    }
+    // A killed write's unfinished line at the end is no record.
+    let torn = writer.line(&with_id("t-torn"));
+    let last = root.path().join(writer.shard_name(1));
+    let mut text = fs::read_to_string(&last).expect("shard");
+    text.push_str(&torn[..torn.len() - 1]);
+    fs::write(&last, text).expect("write");
+    let ids = at.task_ids_since().expect("read");
+    assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["t-1", "t-2", "t-3"]);
+    let gone = AuditPosition {
+        dir: root.path().join("none"),
+        ..at
+    };
+    assert!(
+        gone.task_ids_since()
+            .expect("a missing shard holds none")
+            .is_empty()
+    );
+}
