@@ -385,6 +385,10 @@ struct Writer {
     file: File,
     segment: u32,
     live: JournalState,
+    /// Where the last complete line ends: an append that fails is cut back to here.
+    len: u64,
+    /// A failed append left bytes past `len` that could not be cut yet; the next append cuts them first.
+    dirty: bool,
 }
 
 /// The journal files of one rollout worker, in segments. Cloning shares it.
@@ -457,14 +461,16 @@ impl Journal {
                     .and_then(|()| file.sync_data())
                     .map_err(journal_error(&shown, "cut the torn end of"))?;
             }
-            live = Some((file, *n));
+            live = Some((file, *n, good_len));
         }
-        let (file, segment) = live.expect("at least one segment");
+        let (file, segment, len) = live.expect("at least one segment");
         let journal = Self {
             inner: Arc::new(Mutex::new(Writer {
                 file,
                 segment,
                 live: state.tracked(),
+                len,
+                dirty: false,
             })),
             path: path.to_path_buf(),
             dir: dir.to_path_buf(),
@@ -494,11 +500,7 @@ impl Journal {
     /// The live segment's number and the bytes written to it so far (where the next entry begins).
     pub fn position(&self) -> Result<(u32, u64)> {
         let writer = self.writer();
-        let meta = writer
-            .file
-            .metadata()
-            .map_err(journal_error(&self.path, "read"))?;
-        Ok((writer.segment, meta.len()))
+        Ok((writer.segment, writer.len))
     }
 
     /// The length of segment `n` now, or `None` when it is gone.
@@ -517,7 +519,9 @@ impl Journal {
     }
 
     /// Appends `entries` as lines in one write and one fsync: they are durable together or, after a kill,
-    /// a prefix of them is (replay cuts a torn last line).
+    /// a prefix of them is (replay cuts a torn last line). A write or fsync that fails (ENOSPC, EFBIG, EIO)
+    /// is rolled back: the segment is cut back to its last complete line, so no fragment is left for a later
+    /// append to complete into a corrupt line; if even the cut fails, the next append makes it first.
     pub fn append_all(&self, entries: &[Entry]) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
@@ -529,11 +533,28 @@ impl Journal {
             lines.push(b'\n');
         }
         let mut writer = self.writer();
-        writer
+        let start = writer.len;
+        if writer.dirty {
+            writer
+                .file
+                .set_len(start)
+                .and_then(|()| writer.file.sync_data())
+                .map_err(journal_error(&self.path, "cut a failed append from"))?;
+            writer.dirty = false;
+        }
+        let written = writer
             .file
             .write_all(&lines)
-            .and_then(|()| writer.file.sync_data())
-            .map_err(journal_error(&self.path, "append to"))?;
+            .and_then(|()| writer.file.sync_data());
+        if let Err(e) = written {
+            writer.dirty = writer
+                .file
+                .set_len(start)
+                .and_then(|()| writer.file.sync_data())
+                .is_err();
+            return Err(journal_error(&self.path, "append to")(e));
+        }
+        writer.len = start + lines.len() as u64;
         for entry in entries {
             writer.live.track(entry);
         }
@@ -563,11 +584,21 @@ impl Journal {
         let next = writer.segment + 1;
         let mut file = open_segment(&self.dir, &self.base, next)?;
         let shown = self.dir.join(segments::name(&self.base, next));
-        file.write_all(&head)
-            .and_then(|()| file.sync_data())
-            .map_err(journal_error(&shown, "write the head of"))?;
+        // A new segment is whole or gone: one left half-written would be the live segment on resume.
+        let written = file
+            .set_len(0)
+            .and_then(|()| file.write_all(&head))
+            .and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            drop(file);
+            let _ = std::fs::remove_file(&shown).and_then(|()| File::open(&self.dir)?.sync_all());
+            return Err(journal_error(&shown, "write the head of")(e));
+        }
         writer.file = file;
         writer.segment = next;
+        writer.len = head.len() as u64;
+        writer.dirty = false;
+        crate::failpoint::reach(crate::failpoint::JOURNAL_ROTATED);
         Ok(next)
     }
 
@@ -582,6 +613,9 @@ impl Journal {
             .collect();
         segments::retire(&self.dir, &self.base, &numbers, keep)
             .map_err(journal_error(&self.dir, "retire segments of"))?;
+        if !numbers.is_empty() {
+            crate::failpoint::reach(crate::failpoint::JOURNAL_RETIRED);
+        }
         Ok(numbers.len())
     }
 }
