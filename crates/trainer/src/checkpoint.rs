@@ -4,7 +4,10 @@
 //! A checkpoint is filled in a hidden temporary directory (`.step-N.tmp-<pid>`), every file and the directory
 //! are synced, and one `rename` publishes it; so a directory named `step-N` is always complete, and a
 //! process killed while writing leaves only a temporary directory that no reader considers and the next writer
-//! removes. Each checkpoint holds `checkpoint.json` (its step, written last) and `caller_state.bin`, an opaque
+//! removes. Saving a step that already has a checkpoint swaps the two directories in one atomic exchange
+//! (`renameat2(RENAME_EXCHANGE)`) and only then removes the old one, so `step-N` never goes missing. Where the
+//! file system cannot exchange, the old one is moved aside to `.step-N.old-<pid>` first, and a killed writer's
+//! moved-aside checkpoint is moved back by the next [`Checkpoints::list`] or [`Checkpoints::begin`]. Each checkpoint holds `checkpoint.json` (its step, written last) and `caller_state.bin`, an opaque
 //! blob the caller supplies (the training loop's data cursor and journal position); the rest is whatever the
 //! caller's fill step writes ([`crate::Trainer::save_state`]: the model as a Hugging Face folder, optimiser
 //! state, step count). Only the newest `keep_last` checkpoints are kept.
@@ -74,8 +77,10 @@ impl Checkpoints {
     }
 
     /// Every complete checkpoint, oldest first. A missing root holds none; entries that are not complete
-    /// checkpoints (temporary directories, foreign folders without a valid marker) are skipped.
+    /// checkpoints (temporary directories, foreign folders without a valid marker) are skipped. A checkpoint a
+    /// killed writer had moved aside to replace it (see the module doc) is moved back first.
     pub fn list(&self) -> Result<Vec<Checkpoint>> {
+        self.restore_moved_aside()?;
         let entries = match std::fs::read_dir(&self.root) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -114,6 +119,7 @@ impl Checkpoints {
     /// temporary directory to fill.
     pub fn begin(&self, step: u64) -> Result<Staged> {
         std::fs::create_dir_all(&self.root).map_err(|e| Error::io("creating", &self.root, e))?;
+        self.restore_moved_aside()?;
         self.remove_leftovers()?;
         let tmp = self.root.join(format!(".step-{step}.tmp-{}", std::process::id()));
         std::fs::create_dir(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
@@ -137,6 +143,40 @@ impl Checkpoints {
         let staged = self.begin(step)?;
         fill(staged.dir())?;
         staged.commit(caller_state, keep_last)
+    }
+
+    /// Moves back each complete `.step-N.old-*` whose `step-N` is missing: a writer that replaced step N
+    /// without an atomic exchange was killed between moving the old one aside and publishing the new one.
+    fn restore_moved_aside(&self) -> Result<()> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("listing", &self.root, e)),
+        };
+        let mut restored = false;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(step) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(".step-"))
+                .and_then(|n| n.split_once(".old-"))
+                .and_then(|(step, _)| step.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let aside = entry.path();
+            let dir = self.root.join(format!("step-{step}"));
+            if std::fs::symlink_metadata(&dir).is_err() && read_marker(&aside).is_some_and(|m| m.step == step)
+            {
+                tracing::warn!(dir = %dir.display(), "restoring a checkpoint a killed writer had moved aside");
+                std::fs::rename(&aside, &dir).map_err(|e| Error::io("restoring", &dir, e))?;
+                restored = true;
+            }
+        }
+        if restored {
+            sync_dir(&self.root)?;
+        }
+        Ok(())
     }
 
     fn remove_leftovers(&self) -> Result<()> {
@@ -169,8 +209,15 @@ impl Staged {
     }
 
     /// Writes the caller's state and the marker, syncs everything, publishes the directory as `step-N`
-    /// (replacing an older one of the same step) and prunes all but the newest `keep_last` (0 keeps all).
-    pub fn commit(mut self, caller_state: &[u8], keep_last: usize) -> Result<Checkpoint> {
+    /// (replacing an older one of the same step atomically, see the module doc) and prunes all but the newest
+    /// `keep_last` (0 keeps all).
+    pub fn commit(self, caller_state: &[u8], keep_last: usize) -> Result<Checkpoint> {
+        self.commit_with(caller_state, keep_last, true)
+    }
+
+    /// [`Staged::commit`], replacing an existing `step-N` by exchange when `exchange` (tests take the other
+    /// way too).
+    fn commit_with(mut self, caller_state: &[u8], keep_last: usize, exchange: bool) -> Result<Checkpoint> {
         write_file(&self.tmp.join(CALLER_STATE_FILE), caller_state)?;
         let marker = Marker {
             format: FORMAT,
@@ -181,16 +228,16 @@ impl Staged {
         write_file(&self.tmp.join(MARKER_FILE), &text)?;
         sync_tree(&self.tmp)?;
         let dir = self.root.join(format!("step-{}", self.step));
-        if dir.exists() {
-            let old = self
-                .root
-                .join(format!(".step-{}.old-{}", self.step, std::process::id()));
-            std::fs::rename(&dir, &old).map_err(|e| Error::io("moving aside", &dir, e))?;
-            std::fs::remove_dir_all(&old).map_err(|e| Error::io("removing", &old, e))?;
+        match std::fs::symlink_metadata(&dir) {
+            Ok(_) if exchange => self.replace(&dir)?,
+            Ok(_) => self.replace_aside(&dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::rename(&self.tmp, &dir).map_err(|e| Error::io("publishing", &dir, e))?;
+                self.done = true;
+                sync_dir(&self.root)?;
+            }
+            Err(e) => return Err(Error::io("inspecting", &dir, e)),
         }
-        std::fs::rename(&self.tmp, &dir).map_err(|e| Error::io("publishing", &dir, e))?;
-        self.done = true;
-        sync_dir(&self.root)?;
         let published = Checkpoint { dir, step: self.step };
         if keep_last > 0 {
             let all = Checkpoints::new(&self.root).list()?;
@@ -202,6 +249,39 @@ impl Staged {
             }
         }
         Ok(published)
+    }
+}
+
+impl Staged {
+    /// Publishes over the existing checkpoint `dir`: one atomic exchange, then the old one (now under the
+    /// temporary name) is removed; a kill in between leaves the new `step-N` and a leftover the next writer
+    /// removes. Without exchange on this file system, [`Staged::replace_aside`].
+    fn replace(&mut self, dir: &Path) -> Result<()> {
+        use rustix::fs::{CWD, RenameFlags, renameat_with};
+        use rustix::io::Errno;
+        match renameat_with(CWD, &self.tmp, CWD, dir, RenameFlags::EXCHANGE) {
+            Ok(()) => {
+                self.done = true;
+                sync_dir(&self.root)?;
+                std::fs::remove_dir_all(&self.tmp).map_err(|e| Error::io("removing", &self.tmp, e))
+            }
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => self.replace_aside(dir),
+            Err(e) => Err(Error::io("publishing", dir, e.into())),
+        }
+    }
+
+    /// Publishes over `dir` where the file system cannot exchange: the old one is moved aside to
+    /// `.step-N.old-<pid>`, the new one published, the old one removed. A kill between the two renames leaves
+    /// no `step-N`, and [`Checkpoints::list`] moves the old one back.
+    fn replace_aside(&mut self, dir: &Path) -> Result<()> {
+        let old = self
+            .root
+            .join(format!(".step-{}.old-{}", self.step, std::process::id()));
+        std::fs::rename(dir, &old).map_err(|e| Error::io("moving aside", dir, e))?;
+        std::fs::rename(&self.tmp, dir).map_err(|e| Error::io("publishing", dir, e))?;
+        self.done = true;
+        sync_dir(&self.root)?;
+        std::fs::remove_dir_all(&old).map_err(|e| Error::io("removing", &old, e))
     }
 }
 

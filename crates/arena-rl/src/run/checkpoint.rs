@@ -72,10 +72,12 @@ pub(crate) fn save_checkpoint(
         .begin(meta.steps)
         .with_context(|| format!("cannot stage a checkpoint in {}", dir.display()))?;
     step.save(staged.dir())?;
+    crate::failpoint::reach(crate::failpoint::CHECKPOINT_WRITING);
     let blob = serde_json::to_vec_pretty(meta).context("serialising the loop state")?;
     let ckpt = staged
         .commit(&blob, keep_last)
         .with_context(|| format!("cannot publish the checkpoint of step {}", meta.steps))?;
+    crate::failpoint::reach(crate::failpoint::CHECKPOINT_PUBLISHED);
     Ok(ckpt.dir)
 }
 

@@ -116,3 +116,40 @@ fn a_failed_fill_leaves_nothing_behind() {
     assert!(names(tmp.path()).is_empty(), "{:?}", names(tmp.path()));
     assert_eq!(ckpts.latest().unwrap(), None);
 }
+
+#[test]
+fn replacing_without_exchange_publishes_the_new_one_and_removes_the_old() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpts = Checkpoints::new(tmp.path());
+    ckpts.save(4, b"old", 0, |d| fill(d, "old")).unwrap();
+    let staged = ckpts.begin(4).unwrap();
+    fill(staged.dir(), "new").unwrap();
+    staged.commit_with(b"new", 0, false).unwrap();
+    assert_eq!(ckpts.latest().unwrap().unwrap().caller_state().unwrap(), b"new");
+    assert_eq!(names(tmp.path()), ["step-4"]);
+}
+
+#[test]
+fn a_writer_killed_between_moving_aside_and_publishing_is_undone_by_the_next_reader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpts = Checkpoints::new(tmp.path());
+    ckpts.save(3, b"three", 0, |d| fill(d, "3")).unwrap();
+    ckpts.save(4, b"old", 0, |d| fill(d, "old")).unwrap();
+    // What `replace_aside` leaves between its two renames: the old step 4 aside, the new one unpublished.
+    std::fs::rename(tmp.path().join("step-4"), tmp.path().join(".step-4.old-77")).unwrap();
+    std::fs::create_dir(tmp.path().join(".step-4.tmp-77")).unwrap();
+    // An aside copy whose step is published again is a leftover, not a checkpoint to restore.
+    ckpts.save(5, b"five", 0, |d| fill(d, "5")).unwrap();
+    std::fs::create_dir(tmp.path().join(".step-5.old-78")).unwrap();
+    let latest = ckpts.latest().unwrap().unwrap();
+    assert_eq!(latest.caller_state().unwrap(), b"five");
+    let steps: Vec<u64> = ckpts.list().unwrap().iter().map(|c| c.step).collect();
+    assert_eq!(steps, [3, 4, 5], "step 4 was moved back");
+    assert_eq!(ckpts.list().unwrap()[1].caller_state().unwrap(), b"old");
+    drop(ckpts.begin(6).unwrap());
+    assert_eq!(
+        names(tmp.path()),
+        ["step-3", "step-4", "step-5"],
+        "the next writer removed the rest"
+    );
+}

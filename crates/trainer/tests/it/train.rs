@@ -467,6 +467,35 @@ fn child_saves_forever() {
     }
 }
 
+/// Saves step 1 again and again until killed, each time with 64 files and the save count as its state.
+#[test]
+fn child_resaves_forever() {
+    let Some(root) = std::env::var_os(KILL_ROOT) else {
+        return;
+    };
+    let trainer = fresh_trainer();
+    let ckpts = Checkpoints::new(PathBuf::from(root));
+    for n in 0u64.. {
+        ckpts
+            .save(1, &n.to_le_bytes(), 1, |dir| {
+                trainer.save_state(dir)?;
+                for i in 0..64 {
+                    let path = dir.join(format!("extra-{i}.bin"));
+                    std::fs::write(&path, [0u8; 4096]).map_err(|source| trainer::Error::Io {
+                        action: "writing",
+                        path,
+                        source,
+                    })?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        if n == 0 {
+            println!("SAVED");
+        }
+    }
+}
+
 fn spawn_until(name: &str, root: &Path, line: &str) -> std::process::Child {
     let mut proc = child(name, &[(KILL_ROOT, root)])
         .stdout(Stdio::piped())
@@ -537,6 +566,38 @@ fn kills_at_any_moment_leave_only_complete_checkpoints() {
             assert_eq!(blob.len(), 8, "{}", c.dir.display());
         }
     }
+}
+
+/// Issue 30 item 14: kill -9 at seeded moments while the same step is saved again and again; the step is
+/// always there, complete, whatever the kill interrupted (before, a kill between removing the old copy and
+/// publishing the new one left neither).
+#[test]
+fn kills_while_resaving_a_step_always_leave_it() {
+    let root = tempfile::tempdir().unwrap();
+    let ckpts = Checkpoints::new(root.path());
+    let mut rng = SplitMix64::new(0x14);
+    let mut lost = 0;
+    const KILLS: u32 = 40;
+    for _ in 0..KILLS {
+        let mut proc = spawn_until("train::child_resaves_forever", root.path(), "SAVED");
+        std::thread::sleep(std::time::Duration::from_micros(rng.next_u64() % 40_000));
+        proc.kill().unwrap(); // SIGKILL
+        proc.wait().unwrap();
+        match ckpts.latest().unwrap() {
+            Some(c) => {
+                assert_eq!(c.step, 1);
+                assert_eq!(c.caller_state().unwrap().len(), 8, "{}", c.dir.display());
+                assert_eq!(
+                    std::fs::read_dir(&c.dir).unwrap().count(),
+                    64 + 7,
+                    "{}",
+                    c.dir.display()
+                );
+            }
+            None => lost += 1,
+        }
+    }
+    assert_eq!(lost, 0, "{lost} of {KILLS} kills left no checkpoint of step 1");
 }
 
 // ---------------------------------------------------------------- transformers reads checkpoints
