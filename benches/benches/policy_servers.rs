@@ -70,7 +70,8 @@ fn server_role() {
                 SESSIONS,
                 trainer::DeviceKind::Cpu,
                 trainer::InferenceDtype::F32,
-            )
+            )?
+            .with_weights_root(&model)
         })
         .await
         .expect("joins")

@@ -5,7 +5,7 @@
 //! `generate_router`) load a Hugging Face folder with `trainer::Weights::load_dir` and swap it in between two
 //! decoding steps; sequences in flight continue, their later tokens carrying the new version.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -21,12 +21,51 @@ use trainer::{
 #[derive(Clone, Debug)]
 pub struct PolicyEngine {
     policy: Policy,
+    /// When set, weight updates from disk load only folders under this (canonical) directory.
+    weights_root: Option<PathBuf>,
 }
 
 impl PolicyEngine {
     /// Wraps a loaded policy.
     pub fn new(policy: Policy) -> Self {
-        Self { policy }
+        Self {
+            policy,
+            weights_root: None,
+        }
+    }
+
+    /// Loads weight updates from disk only from folders under `root` (after resolving symlinks and `..`), as
+    /// `arena-rl serve-policy --weights-root` does: whoever may ask for an update names a path, and the
+    /// server must not read any file it can. `root` must be an existing directory.
+    pub fn with_weights_root(mut self, root: &Path) -> crate::Result<Self> {
+        let canonical = root.canonicalize().ok().filter(|r| r.is_dir()).ok_or_else(|| {
+            crate::Error::Invalid(format!(
+                "the weights root {} is not an existing directory",
+                root.display()
+            ))
+        })?;
+        self.weights_root = Some(canonical);
+        Ok(self)
+    }
+
+    /// The folder an update names, resolved, when it is under the weights root (or there is none).
+    fn weights_path(&self, path: &Path) -> Result<PathBuf, EngineError> {
+        let Some(root) = &self.weights_root else {
+            return Ok(path.to_path_buf());
+        };
+        let outside = || {
+            EngineError::InvalidRequest(format!(
+                "{} is not a folder under the weights root {}: this server loads weights only from there",
+                path.display(),
+                root.display()
+            ))
+        };
+        let resolved = path.canonicalize().map_err(|_| outside())?;
+        if resolved.starts_with(root) {
+            Ok(resolved)
+        } else {
+            Err(outside())
+        }
     }
 
     /// Loads the Hugging Face folder `dir` onto `device`, decoding at most `max_batch` sequences together.
@@ -56,7 +95,7 @@ impl PolicyEngine {
                 dir.display()
             )
         })?;
-        Ok(Self { policy })
+        Ok(Self::new(policy))
     }
 
     /// The wrapped policy (for the trainer, which swaps weights in directly).
@@ -153,7 +192,7 @@ impl InferenceEngine for PolicyEngine {
 
     fn update_weights_from_disk(&self, update: WeightUpdate) -> BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(async move {
-            let path = update.path.clone();
+            let path = self.weights_path(&update.path)?;
             let weights = tokio::task::spawn_blocking(move || Weights::load_dir(&path))
                 .await
                 .map_err(|e| EngineError::Internal(format!("weight loading panicked: {e}")))?

@@ -5,7 +5,8 @@
 //!
 //! It listens before it loads the model, answering `/health` with 503 until the model is in memory, as a
 //! starting SGLang server does. The API key (SGLang's `--api-key`) comes from the environment variable
-//! `ARENA_RL_POLICY_API_KEY`, never from the command line. Runs until SIGTERM or Ctrl-C.
+//! `ARENA_RL_POLICY_API_KEY`, never from the command line; without one it refuses to listen beyond
+//! loopback. Weight updates load only folders under `--weights-root`. Runs until SIGTERM or Ctrl-C.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -22,6 +23,10 @@ pub(crate) struct Args {
     /// The Hugging Face model folder (config.json, safetensors).
     #[arg(long)]
     model: PathBuf,
+    /// The directory weight updates may load from (`/update_weights_from_disk` names a folder under it, after
+    /// symlinks are resolved): the run's shared file root, where the trainer publishes them.
+    #[arg(long)]
+    weights_root: PathBuf,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -66,10 +71,17 @@ pub(crate) fn run(args: Args) -> Result<()> {
             .filter(|k| !k.is_empty())
             .map(SecretString::from);
         if api_key.is_none() && !args.host.is_loopback() {
-            tracing::warn!(
-                host = %args.host,
-                "serving on a non-loopback address without {POLICY_API_KEY_ENV}: anyone who reaches the port \
-                 can generate, pause, or load weights from any path"
+            anyhow::bail!(
+                "--host {} is not a loopback address and {POLICY_API_KEY_ENV} is not set: anyone who reached \
+                 the port could generate, pause and load weights; set {POLICY_API_KEY_ENV} or listen on 127.0.0.1",
+                args.host
+            );
+        }
+        let weights_root = args.weights_root.clone();
+        if !weights_root.is_dir() {
+            anyhow::bail!(
+                "--weights-root {} is not an existing directory",
+                weights_root.display()
             );
         }
         let server = GenerateServer::new(GenerateServerConfig {
@@ -87,10 +99,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
             listening.local_addr()
         );
         let (model, max_batch, device, dtype) = (args.model.clone(), args.max_batch, args.device, args.dtype);
-        let engine =
-            tokio::task::spawn_blocking(move || PolicyEngine::load_as(&model, max_batch, device, dtype))
-                .await
-                .context("loading the policy")??;
+        let engine = tokio::task::spawn_blocking(move || {
+            PolicyEngine::load_as(&model, max_batch, device, dtype)?.with_weights_root(&weights_root)
+        })
+        .await
+        .context("loading the policy")??;
         let engine: Arc<dyn InferenceEngine> = Arc::new(engine);
         server.install(engine);
         say("policy server ready: the model is loaded");

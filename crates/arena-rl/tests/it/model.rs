@@ -235,6 +235,8 @@ fn a_cpu_only_build_asked_for_cuda_says_so_in_one_line() {
         dir.path().to_str().unwrap(),
         "--port",
         "0",
+        "--weights-root",
+        dir.path().to_str().unwrap(),
         "--device",
         "cuda:1",
     ]);

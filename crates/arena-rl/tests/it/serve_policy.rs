@@ -5,7 +5,8 @@
 //! on two such servers as `rollout.policy_servers`, SmolLM2-135M-Instruct answering arena-sim's sums: each
 //! step's weights reach both servers under pause and continue, both report the step's version, every
 //! trained token's version is known, and when one server is killed mid-run its sessions move to the other
-//! and the run goes on.
+//! and the run goes on. And what `serve-policy` refuses: every interface without a key, and weights from
+//! outside its `--weights-root`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -40,7 +41,7 @@ impl Drop for Served {
     }
 }
 
-fn serve(model: &std::path::Path) -> Served {
+fn serve(model: &std::path::Path, weights_root: &std::path::Path) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
         .args([
             "serve-policy",
@@ -48,6 +49,8 @@ fn serve(model: &std::path::Path) -> Served {
             model.to_str().expect("utf-8 path"),
             "--port",
             "0",
+            "--weights-root",
+            weights_root.to_str().expect("utf-8 path"),
         ])
         .env("ARENA_RL_POLICY_API_KEY", KEY)
         .stdout(Stdio::piped())
@@ -90,7 +93,7 @@ async fn two_policy_servers_update_under_pause_and_agree() {
     let weights = Weights::from_model(&CausalLm::<Cpu>::init(&config, 0.3, 4, &Default::default()));
     save_pretrained(&next, &config, &weights, SaveDtype::F32, None).expect("saving the next weights");
 
-    let (a, mut b) = (serve(&first), serve(&first));
+    let (a, mut b) = (serve(&first, dir.path()), serve(&first, dir.path()));
     let keyless = client(&a.url, None).await.expect_err("the key is required");
     assert!(keyless.to_string().contains("401"), "{keyless}");
     let (ca, cb) = (
@@ -175,6 +178,72 @@ async fn two_policy_servers_update_under_pause_and_agree() {
     }
 }
 
+/// Issue 30 item 13: without `ARENA_RL_POLICY_API_KEY`, `serve-policy` refuses to listen beyond loopback
+/// (before, it warned and served: anyone reaching the port could load weights); and it loads weight updates
+/// only from folders under `--weights-root`, symlinks resolved (before, from any path it could read).
+#[tokio::test]
+async fn serve_policy_needs_a_key_beyond_loopback_and_loads_weights_only_under_its_root() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let model = root.path().join("step-0");
+    crate::model::tiny_model(&model);
+    let out = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
+        .args([
+            "serve-policy",
+            "--model",
+            model.to_str().unwrap(),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ])
+        .args(["--weights-root", root.path().to_str().unwrap()])
+        .env_remove("ARENA_RL_POLICY_API_KEY")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "it served on every interface without a key: {stderr}"
+    );
+    assert!(
+        stderr.contains("--host 0.0.0.0 is not a loopback address")
+            && stderr.contains("ARENA_RL_POLICY_API_KEY is not set"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "it never listened");
+
+    let elsewhere = tempfile::tempdir().expect("temp dir");
+    let outside = elsewhere.path().join("weights");
+    crate::model::tiny_model(&outside);
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink(&outside, &link).expect("symlink");
+    let served = serve(&model, root.path());
+    let client = client(&served.url, Some(KEY)).await.expect("connects");
+    for (path, version) in [(&outside, 1), (&link, 2)] {
+        let refused = client
+            .update_weights_from_disk(WeightUpdate {
+                path: path.clone(),
+                version: Some(version),
+            })
+            .await
+            .expect_err("weights from outside the root are refused");
+        assert!(
+            refused
+                .to_string()
+                .contains("is not a folder under the weights root"),
+            "{refused}"
+        );
+    }
+    client
+        .update_weights_from_disk(WeightUpdate {
+            path: root.path().join("step-0/../step-0"),
+            version: Some(3),
+        })
+        .await
+        .expect("weights under the root load");
+    assert_eq!(client.weight_version().await.expect("asks"), 3);
+}
+
 /// The run's GRPO step, watched: before each step it asks every live server its weight version (each must
 /// be the version the loop last installed) and checks that every token the step trains on carries a known
 /// version no newer than the one the step starts from; before the second step it kills the second server.
@@ -247,11 +316,11 @@ impl TrainStep for Watched {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_loop_trains_on_two_policy_servers_and_goes_on_when_one_dies() {
     let model = crate::support::smollm2();
-    let (a, b) = (serve(&model), serve(&model));
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = (serve(&model, root.path()), serve(&model, root.path()));
     let mut world = World::sums();
     world.token = "sim-token".into();
     let sim = ArenaSim::start(world).await.unwrap();
-    let root = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/smollm2.yaml"),
     )

@@ -61,7 +61,7 @@ if [[ "${1:-}" == --step ]]; then
             fi
             exec "$ARENA_RL_BIN" serve-policy --model "$MODEL_PATH" --host 0.0.0.0 \
                 --port "$((ARENA_POLICY_PORT + local_id))" --device {{server_device}} \
-                --dtype {{server_dtype}}
+                --dtype {{server_dtype}} --weights-root "$AREAL_FILEROOT"
             ;;
         *)
             echo "train: unknown step '${2:-}'" >&2
