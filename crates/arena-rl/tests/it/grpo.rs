@@ -17,7 +17,7 @@ use trainer::{Architecture, ModelConfig, ModelFolder, SaveDtype, Weights, save_p
 use crate::support::{OracleEngine, config, env, model_folder, smollm2};
 
 /// A model folder with SmolLM2's tokenizer and template and a tiny random Llama of the same vocabulary.
-fn tiny_model(dir: &Path) -> (PathBuf, Weights) {
+pub(crate) fn tiny_model(dir: &Path) -> (PathBuf, Weights) {
     let out = model_folder(dir);
     let mut c = ModelConfig::new(Architecture::Llama, 49152, 16, 32, 1, 2, 1);
     c.tie_word_embeddings = true;

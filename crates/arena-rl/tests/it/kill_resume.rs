@@ -14,7 +14,7 @@ use arena_rl::error::Context as _;
 use arena_rl::failpoint;
 use arena_rl::journal::{Entry, SampleKey, Verdict};
 use arena_rl::run::{Plugins, train};
-use arena_rl::train::{NewWeights, StepOutput, TrainBatch, TrainStep};
+use arena_rl::train::{GrpoStep, NewWeights, StepOutput, TrainBatch, TrainStep};
 use arena_sim::{ArenaSim, Endpoint, FaultKind, FaultRule, World};
 use stream_config::TaskStatus;
 
@@ -22,22 +22,35 @@ use crate::support::{OracleEngine, config, env, model_folder};
 
 const STEPS: u64 = 4;
 
-/// Remembers which rollouts each step trained on; its checkpointed state is that list.
+/// Remembers which rollouts each step trained on, its checkpointed state that list; with `grpo`, the run's
+/// real GRPO step trains on them (and its state rides in the same checkpoints).
 struct Recording {
     consumed: Vec<(u64, String)>,
+    grpo: Option<GrpoStep>,
 }
 
 impl TrainStep for Recording {
+    fn begin(&mut self, total_steps: u64) -> Result<()> {
+        self.grpo.as_mut().map_or(Ok(()), |g| g.begin(total_steps))
+    }
+
     fn train(&mut self, step: u64, batch: &TrainBatch) -> Result<StepOutput> {
+        let out = match &mut self.grpo {
+            Some(g) => g.train(step, batch)?,
+            None => StepOutput {
+                metrics: vec![],
+                weights: NewWeights::Unchanged,
+            },
+        };
         let keys: BTreeSet<String> = batch.samples.iter().map(|s| s.key.to_string()).collect();
         self.consumed.extend(keys.into_iter().map(|k| (step, k)));
-        Ok(StepOutput {
-            metrics: vec![],
-            weights: NewWeights::Unchanged,
-        })
+        Ok(out)
     }
 
     fn save(&mut self, dir: &Path) -> Result<()> {
+        if let Some(g) = &mut self.grpo {
+            g.save(dir)?;
+        }
         let json = serde_json::to_vec(&self.consumed).context("serialising the consumed rollouts")?;
         std::fs::write(dir.join("consumed.json"), json).context("writing consumed.json")
     }
@@ -45,16 +58,24 @@ impl TrainStep for Recording {
     fn load(&mut self, dir: &Path) -> Result<NewWeights> {
         let json = std::fs::read(dir.join("consumed.json")).context("reading consumed.json")?;
         self.consumed = serde_json::from_slice(&json).context("parsing consumed.json")?;
-        Ok(NewWeights::Unchanged)
+        self.grpo
+            .as_mut()
+            .map_or(Ok(NewWeights::Unchanged), |g| g.load(dir))
     }
 }
 
-fn child_config(base: &str, root: &Path, model: &Path, mode: &str, arena: &str) -> stream_config::RunConfig {
-    let can: Vec<String> = arena
+fn child_config(base: &str, root: &Path, model: &Path, run: Child<'_>) -> stream_config::RunConfig {
+    let (mode, arena) = (run.mode, run.arena);
+    let mut can: Vec<String> = arena
         .split(',')
         .filter(|s| !s.is_empty())
         .map(|s| format!("econfig.{s}=true"))
         .collect();
+    if run.grpo {
+        // The real GRPO step publishes weights to disk, as for policy servers; the oracle stands in for them.
+        can.push("rollout.policy_servers=[http://127.0.0.1:9]".into());
+        can.push("actor.lr=0.01".into());
+    }
     let can: Vec<&str> = can.iter().map(String::as_str).collect();
     config(
         base,
@@ -91,14 +112,26 @@ async fn child() {
     ) else {
         return;
     };
+    let grpo = std::env::var_os("ARENA_RL_KILL_GRPO").is_some();
     let root = PathBuf::from(root);
     let model = root.join("model");
+    let run = Child {
+        mode: &mode,
+        arena: &arena,
+        grpo,
+    };
+    let config = child_config(&base, &root, &model, run);
+    let run_dir = arena_rl::run::RunPaths::of(&config).run_dir;
+    let grpo = grpo.then(|| GrpoStep::from_run_config(&config, &run_dir).unwrap());
     let summary = train(
-        child_config(&base, &root, &model, &mode, &arena),
+        config,
         &env(),
         Plugins {
             engine: Some(OracleEngine::settled(&model).handle()),
-            step: Box::new(Recording { consumed: vec![] }),
+            step: Box::new(Recording {
+                consumed: vec![],
+                grpo,
+            }),
         },
     )
     .await
@@ -107,11 +140,13 @@ async fn child() {
 }
 
 /// The child's run: `mode` is the route mode, `arena` the `econfig` flags saying what this Arena can do
-/// (`arena_idempotent_launch,arena_cancel_tasks`, either, or empty).
+/// (`arena_idempotent_launch,arena_cancel_tasks`, either, or empty), `grpo` whether the real GRPO step trains
+/// (a tiny model in the root's `model` folder) or only a recording one.
 #[derive(Clone, Copy)]
 struct Child<'a> {
     mode: &'a str,
     arena: &'a str,
+    grpo: bool,
 }
 
 fn child_command(base: &str, root: &Path, run: Child<'_>) -> Command {
@@ -123,8 +158,12 @@ fn child_command(base: &str, root: &Path, run: Child<'_>) -> Command {
         .env("ARENA_RL_KILL_MODE", run.mode)
         .env("ARENA_RL_KILL_ARENA", run.arena)
         .env("RUST_LOG", "warn")
+        .env_remove("ARENA_RL_KILL_GRPO")
         .env_remove(failpoint::ENV)
         .stdout(Stdio::piped());
+    if run.grpo {
+        command.env("ARENA_RL_KILL_GRPO", "1");
+    }
     command
 }
 
@@ -180,6 +219,7 @@ async fn kill_9_inside_the_launch_post_then_resume_leaves_no_task_behind() {
         Child {
             mode: "session_gateway",
             arena: "arena_idempotent_launch",
+            grpo: false,
         },
         0x1a0c,
     )
@@ -193,6 +233,7 @@ async fn kill_9_inside_the_launch_post_in_gateway_mode_leaves_no_task_behind() {
         Child {
             mode: "gateway",
             arena: "arena_idempotent_launch,arena_cancel_tasks",
+            grpo: false,
         },
         0x6a7e,
     )
@@ -207,6 +248,7 @@ async fn kill_9_inside_the_launch_post_in_direct_mode_leaves_no_task_behind() {
         Child {
             mode: "direct",
             arena: "arena_idempotent_launch,arena_cancel_tasks",
+            grpo: false,
         },
         0xd1ec,
     )
@@ -314,6 +356,7 @@ async fn kill_9_between_a_rollouts_journal_and_audit_records_audits_it_once() {
     let run = Child {
         mode: "session_gateway",
         arena: "",
+        grpo: false,
     };
     let point = |n: u32| format!("{}:{n}", failpoint::ROLLOUT_JOURNALED);
     assert!(kill_at_failpoint(&base, root.path(), run, &point(2)).await);
@@ -333,6 +376,117 @@ async fn kill_9_between_a_rollouts_journal_and_audit_records_audits_it_once() {
     assert!(again >= 2, "{again} records appended again: {journaled:?}");
 }
 
+/// Issue 30: kill -9 of the whole loop, with the real GRPO step, at each named fail-point the child reports
+/// reaching (a journal segment just rotated, a checkpoint staged, one just published, segments just retired,
+/// a rollout journaled before its audit record) and once at a seeded moment, then the run to its end: no
+/// journal line that was on disk at a kill is lost or changed (carried copies included), no rollout runs
+/// twice, each step has one metrics line, no temporary checkpoint or weights folder is left, nothing is left
+/// in Arena, and each rollout is audited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_named_failpoints_with_grpo_loses_nothing_and_leaves_nothing() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    crate::grpo::tiny_model(root.path());
+    let base = sim.base_url();
+    let run = Child {
+        mode: "session_gateway",
+        arena: "",
+        grpo: true,
+    };
+    let run_dir = root.path().join("quickstart/local");
+    let mut on_disk = BTreeSet::new();
+    for point in [
+        failpoint::JOURNAL_ROTATED,
+        failpoint::CHECKPOINT_WRITING,
+        failpoint::CHECKPOINT_PUBLISHED,
+        failpoint::JOURNAL_RETIRED,
+        &format!("{}:3", failpoint::ROLLOUT_JOURNALED),
+    ] {
+        assert!(
+            kill_at_failpoint(&base, root.path(), run, point).await,
+            "the run ended before {point}"
+        );
+        on_disk.extend(journal_lines(&run_dir));
+    }
+    // And once at a seeded moment.
+    let ms = 300 + (0x5eed_u64.wrapping_mul(6_364_136_223_846_793_005) >> 33) % 1500;
+    let mut child = spawn_child(&base, root.path(), run);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+    on_disk.extend(journal_lines(&run_dir));
+    finish_run(&base, root.path(), run).await;
+    check_resumed_run(&sim, &run_dir);
+
+    let now = journal_lines(&run_dir);
+    let lost: Vec<&String> = on_disk.iter().filter(|l| !now.contains(*l)).collect();
+    assert!(
+        lost.is_empty(),
+        "journal lines on disk at a kill are gone: {lost:?}"
+    );
+    // A carried copy is its original, unchanged.
+    let mut originals = BTreeMap::new();
+    let mut copies = Vec::new();
+    for line in &now {
+        match serde_json::from_str::<Entry>(line).unwrap() {
+            Entry::Rollout(r) => {
+                originals.insert(r.key, Entry::Rollout(r));
+            }
+            Entry::Carried { entry } if matches!(*entry, Entry::Rollout(_)) => copies.push(*entry),
+            _ => {}
+        }
+    }
+    assert!(!copies.is_empty(), "segments carried rollouts");
+    for copy in copies {
+        let Entry::Rollout(r) = &copy else { unreachable!() };
+        assert_eq!(
+            originals.get(&r.key),
+            Some(&copy),
+            "rollout {} changed when carried",
+            r.key
+        );
+    }
+    let (metrics, steps) = crate::support::step_metrics(&run_dir.join("metrics"));
+    let trained: f64 = steps
+        .iter()
+        .filter_map(|l| l["train/trained_tokens"].as_f64())
+        .sum();
+    assert!(trained > 0.0, "GRPO trained: {metrics}");
+    // No temporary checkpoint or weights folder is left, and GRPO published weights.
+    for dir in ["checkpoints", "weights"] {
+        let names: Vec<String> = std::fs::read_dir(run_dir.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.is_empty() && names.iter().all(|n| n.starts_with("step-")),
+            "{dir}: {names:?}"
+        );
+    }
+    // Every task Arena started has ended.
+    for (task_id, status) in sim.tasks() {
+        assert!(
+            TaskStatus::parse(&status).is_terminal(),
+            "task {task_id} is still {status} in Arena"
+        );
+    }
+}
+
+/// Every complete line of the journal's segments, live and retired.
+fn journal_lines(run_dir: &Path) -> BTreeSet<String> {
+    let dir = run_dir.join("journal");
+    let mut lines = BTreeSet::new();
+    for file in segment_files(&dir)
+        .iter()
+        .chain(&segment_files(&dir.join("retired")))
+    {
+        let text = std::fs::read_to_string(file).unwrap();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        lines.extend(complete.lines().map(str::to_string));
+    }
+    lines
+}
+
 fn sim_world() -> World {
     let mut world = World::quickstart();
     world.token = "sim-token".into();
@@ -344,7 +498,11 @@ async fn kill_and_resume(mode: &'static str, kill_seed: u64) {
     let root = tempfile::tempdir().unwrap();
     model_folder(root.path());
     let base = sim.base_url();
-    let run = Child { mode, arena: "" };
+    let run = Child {
+        mode,
+        arena: "",
+        grpo: false,
+    };
     // Seeded kill points (ms after start), spread over setup, rollouts, training and checkpoints.
     let mut seed = kill_seed;
     let mut kills = Vec::new();
