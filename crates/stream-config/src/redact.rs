@@ -8,11 +8,12 @@
 //!    credentials under any name, `AWS_SECRET_ACCESS_KEY` or `GITHUB_PAT`), and the Streams inside
 //!    `arena_streams_yaml_b64`, which are decoded, redacted by these same rules and encoded again (what cannot
 //!    be decoded is withheld whole).
-//! 3. **By value**: every known secret ([`Secrets`]: the credentials a run reads from its environment, its
-//!    generated keys, and every value rule 2 found) wherever it appears in a string, say interpolated into a URL
-//!    or a name by `${env:...}`. A secret of [`MIN_SUBSTRING_LEN`] bytes or more is replaced wherever it
-//!    occurs inside a string; a shorter one only where a whole string equals it, since a short value such as
-//!    `1` occurs by chance inside innocent text.
+//! 3. **By value**: every known secret ([`Secrets`]: the credentials a run reads from its environment and its
+//!    generated keys) wherever it appears in a string, say interpolated into a URL or a name by `${env:...}`,
+//!    and so is every value rule 2 found that is at least [`MIN_SUBSTRING_LEN`] bytes long. A secret of that
+//!    length or more is replaced wherever it occurs inside a string; a shorter known secret only where a whole
+//!    string equals it, since a short value such as `1` occurs by chance inside innocent text (and a short
+//!    Harness environment value such as `TRACE: 1` is no credential to hunt for elsewhere).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -146,13 +147,13 @@ impl fmt::Debug for Secrets {
 
 /// A copy of `value` with every credential redacted by the three rules of the module doc: by name, by place
 /// (`task_envs`, `arena_task_envs`, `arena_streams_yaml_b64`) and by the value of any of `secrets` or of the
-/// values found by place, at any depth of mappings and lists. Empty strings and nulls stay as they are, so a
+/// long values found by place, at any depth of mappings and lists. Empty strings and nulls stay as they are, so a
 /// reader can tell "unset" from "set"; mapping keys and the input are not modified.
 pub fn redact(value: &Value, secrets: &Secrets) -> Value {
     let mut found = BTreeSet::new();
     collect_placed(value, &mut found);
     let mut all = secrets.clone();
-    for value in &found {
+    for value in found.iter().filter(|v| v.len() >= MIN_SUBSTRING_LEN) {
         all.add(value);
     }
     redact_with(value, &all)

@@ -225,7 +225,13 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         secrets.add(key.expose_secret());
     }
     for stream in &healthy {
-        stream.config.task_envs.values().for_each(|v| secrets.add(v));
+        let long = |v: &&String| v.len() >= stream_config::MIN_SUBSTRING_LEN;
+        stream
+            .config
+            .task_envs
+            .values()
+            .filter(long)
+            .for_each(|v| secrets.add(v));
     }
     let token_state = proxy.state.clone();
     let workflow = Arc::new(Workflow {

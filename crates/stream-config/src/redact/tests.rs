@@ -87,6 +87,7 @@ fn harness_environments_are_withheld_by_place_and_their_values_everywhere() {
         "note": "clone with ghp_abcdefgh and aws-secret-value",
         "flag": "1",
         "version": "v1.1",
+        "name": "ghp_abcdefgh",
     });
     insta::assert_json_snapshot!(redact(&input, &Secrets::none()), @r#"
     {
@@ -104,8 +105,9 @@ fn harness_environments_are_withheld_by_place_and_their_values_everywhere() {
         }
       ],
       "note": "clone with <redacted> and <redacted>",
-      "flag": "<redacted>",
-      "version": "v1.1"
+      "flag": "1",
+      "version": "v1.1",
+      "name": "<redacted>"
     }
     "#);
 }
