@@ -734,7 +734,14 @@ impl Generation {
             .get_mut(&p.session)
             .ok()
             .and_then(|s| s.guard.clone());
-        let mut integrity_hits = guard.map_or_else(Vec::new, |g| g.scan(&self.content, &self.tool_calls));
+        let mut integrity_hits = guard.map_or_else(Vec::new, |g| {
+            g.scan(
+                &self.content,
+                self.tool_calls
+                    .iter()
+                    .map(|c| (c.name.as_str(), c.arguments.as_str())),
+            )
+        });
         if !integrity_hits.is_empty() {
             let rules: Vec<&str> = integrity_hits.iter().map(|h| h.rule.as_str()).collect();
             tracing::info!(session = &*p.session, interaction = %p.id, rules = ?rules, "integrity rules hit");

@@ -16,8 +16,6 @@ use serde::{Deserialize, Serialize};
 
 pub use integrity_guard::{Hit, RuleSet, Scanner};
 
-use crate::generation::ToolCallOut;
-
 /// Hits kept per interaction; more are counted but not kept.
 pub const MAX_HITS_PER_INTERACTION: usize = 32;
 
@@ -76,12 +74,18 @@ impl SessionGuard {
         }
     }
 
-    /// Scans one output: its visible text (command blocks only) and each tool call.
-    pub(crate) fn scan(&self, content: &str, tool_calls: &[ToolCallOut]) -> Vec<Hit> {
+    /// Scans one output: its visible text (command blocks only) and each tool call, given as its function
+    /// name and its arguments' JSON text (this module sits below the generation path, so it takes the
+    /// calls' parts rather than the generation's own type).
+    pub(crate) fn scan<'a>(
+        &self,
+        content: &str,
+        tool_calls: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Vec<Hit> {
         let mut scanner = self.scanner.lock().unwrap_or_else(PoisonError::into_inner);
         let mut hits = scanner.scan_text(content);
-        for call in tool_calls {
-            for hit in scanner.scan_tool_call(&call.name, &call.arguments) {
+        for (name, arguments) in tool_calls {
+            for hit in scanner.scan_tool_call(name, arguments) {
                 if !hits.contains(&hit) {
                     hits.push(hit);
                 }
