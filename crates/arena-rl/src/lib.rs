@@ -21,6 +21,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod failpoint;
 mod fsutil;
 pub mod journal;
