@@ -55,9 +55,9 @@ pub use redact::{
 };
 pub use schema::{
     ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
-    GenerationConfig, HarnessSampling, KlEstimator, LossAggMode, LrSchedulerType, MetricsSection,
-    ModelEngine, ModelSection, NormConfig, NormLevel, ProxySection, ReasoningParser, RolloutSection,
-    RunConfig, Seconds, ToolCallParser,
+    GenerationConfig, GuardSection, HarnessSampling, IntegrityPolicy, KlEstimator, LossAggMode,
+    LrSchedulerType, MetricsSection, ModelEngine, ModelSection, NormConfig, NormLevel, ProxySection,
+    ReasoningParser, RolloutSection, RunConfig, Seconds, StreamGuard, ToolCallParser,
 };
 pub use stream::{
     ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, load_stream_configs,

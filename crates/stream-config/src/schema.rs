@@ -4,6 +4,7 @@
 //! fields and wrong types, then [`RunConfig::validate`] checks every rule and reports all problems at once.
 
 mod econfig;
+mod guard;
 pub(crate) mod lenient_json;
 mod runtime;
 mod seconds;
@@ -11,6 +12,7 @@ mod seconds;
 use serde::{Deserialize, Serialize};
 
 pub use econfig::{DatasetSource, EConfig};
+pub use guard::{GuardSection, IntegrityPolicy, StreamGuard};
 pub use runtime::{
     CheckpointSection, ExportStyle, MetricsSection, ModelEngine, ModelSection, ProxySection, ReasoningParser,
     RolloutSection, ToolCallParser,
@@ -60,6 +62,9 @@ pub struct RunConfig {
     pub checkpoint: CheckpointSection,
     /// Per-step metric files.
     pub metrics: MetricsSection,
+    /// The reward-integrity guard: which rules scan the policy's commands, run-wide and per Stream, and what
+    /// a hit costs (docs/integrity-guard.md).
+    pub guard: GuardSection,
 }
 
 /// The `cluster` section.
@@ -589,6 +594,7 @@ impl RunConfig {
         self.rollout.validate(&root.key("rollout"), &mut c);
         self.model.validate(&root.key("model"), &mut c);
         self.checkpoint.validate(&root.key("checkpoint"), &mut c);
+        self.guard.validate(&root.key("guard"), &mut c);
 
         self.econfig
             .validate(&root.key("econfig"), self.train_dataset.batch_size, &mut c);
@@ -600,10 +606,12 @@ impl RunConfig {
         }
         if self.econfig.dataset_source == DatasetSource::Arena {
             let (streams, problems) = crate::stream::collect_streams(&self.econfig, env);
-            if problems.is_empty()
-                && let Some(valid) = &self.valid_dataset
-            {
-                check_eval_streams(&valid.streams, &streams, &root.key("valid_dataset"), &mut c);
+            if problems.is_empty() {
+                let names: Vec<&str> = streams.iter().map(|s| s.name.as_str()).collect();
+                self.guard.check_stream_names(&names, &root.key("guard"), &mut c);
+                if let Some(valid) = &self.valid_dataset {
+                    check_eval_streams(&valid.streams, &streams, &root.key("valid_dataset"), &mut c);
+                }
             }
             c.extend(problems);
         }

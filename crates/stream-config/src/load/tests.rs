@@ -103,7 +103,7 @@ fn extends_merges_depth_first_and_later_keys_win() {
     ]);
     // `econtig_unused` is a typo the schema must catch, naming the base file it came from.
     let err = dir.err(load(&dir.path("top.yaml"), &[], &no_env()));
-    insta::assert_snapshot!(err, @"<dir>/base.yaml:4:1: econtig_unused: unknown field: found `econtig_unused`, expected `one of `experiment_name`, `trial_name`, `cluster`, `econfig`, `gconfig`, `actor`, `train_dataset`, `valid_dataset`, `eval_every`, `proxy`, `rollout`, `model`, `checkpoint`, `metrics``");
+    insta::assert_snapshot!(err, @"<dir>/base.yaml:4:1: econtig_unused: unknown field: found `econtig_unused`, expected `one of `experiment_name`, `trial_name`, `cluster`, `econfig`, `gconfig`, `actor`, `train_dataset`, `valid_dataset`, `eval_every`, `proxy`, `rollout`, `model`, `checkpoint`, `metrics`, `guard``");
 
     std::fs::write(
         dir.path("base.yaml"),

@@ -20,7 +20,8 @@ fn struct_fields_lists_the_sections() {
             "rollout",
             "model",
             "checkpoint",
-            "metrics"
+            "metrics",
+            "guard"
         ]
     );
     assert!(struct_fields::<EConfig>().contains(&"arena_idempotent_launch"));
