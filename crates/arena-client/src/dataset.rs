@@ -25,6 +25,37 @@ pub struct DatasetRow {
     pub llm_protocol: LlmProtocol,
     /// The single `domain:<x>` tag's `<x>`, else `unknown`.
     pub arena_task_type: String,
+    /// The task's base commit, when the row's item gives one (see [`base_commit_of_item`]); the integrity
+    /// guard does not count a hash naming it as evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_commit: Option<String>,
+}
+
+/// The base commit a dataset item gives, if any: its `base_commit` field, else its `metadata.base_commit`,
+/// else a `base_commit:<hash>` tag; a value counts only when it is 7 to 64 hex digits (trimmed, lower-cased).
+pub fn base_commit_of_item(item: Option<&Value>) -> Option<String> {
+    let item = item?;
+    let hex = |v: &str| {
+        let v = v.trim();
+        ((7..=64).contains(&v.len()) && v.chars().all(|c| c.is_ascii_hexdigit()))
+            .then(|| v.to_ascii_lowercase())
+    };
+    let tags = item.get("tags").and_then(Value::as_array);
+    item.get("base_commit")
+        .and_then(Value::as_str)
+        .and_then(hex)
+        .or_else(|| {
+            item.get("metadata")
+                .and_then(|m| m.get("base_commit"))
+                .and_then(Value::as_str)
+                .and_then(hex)
+        })
+        .or_else(|| {
+            tags?
+                .iter()
+                .filter_map(Value::as_str)
+                .find_map(|t| t.strip_prefix("base_commit:").and_then(hex))
+        })
 }
 
 /// How the download runs.
@@ -89,10 +120,10 @@ impl Deref for Dataset {
     }
 }
 
-/// One checked page: ids and, per id, its tags item (if the page had items).
+/// One checked page: ids and, per id, its item (if the page had items).
 struct Page {
     ids: Vec<String>,
-    tags: Vec<Option<Value>>,
+    items: Vec<Option<Value>>,
 }
 
 fn non_negative_int(value: Option<&Value>) -> Option<u64> {
@@ -162,7 +193,7 @@ fn check_page(op: &str, body: &Value, total: Option<u64>, offset: u64, limit: u6
         Some(Value::Array(items)) => check_items(op, items, &ids)?,
         Some(other) => return Err(bad(format!("items must be a list, got {other}"))),
     };
-    Ok((page_total, Page { ids, tags }))
+    Ok((page_total, Page { ids, items: tags }))
 }
 
 fn check_items(op: &str, items: &[Value], ids: &[String]) -> Result<Vec<Option<Value>>> {
@@ -183,7 +214,7 @@ fn check_items(op: &str, items: &[Value], ids: &[String]) -> Result<Vec<Option<V
             Some(Value::String(s)) if !s.is_empty() => s.as_str(),
             _ => return Err(bad(format!("items[{i}].data_id must be a non-empty string"))),
         };
-        if by_id.insert(id, obj.get("tags").cloned()).is_some() {
+        if by_id.insert(id, Some(item.clone())).is_some() {
             return Err(bad(format!("items contain the data_id {id:?} twice")));
         }
     }
@@ -293,7 +324,7 @@ impl ArenaClient {
         let mut seen = HashSet::new();
         let mut rows = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
         for (op, page) in pages {
-            for (id, tags) in page.ids.into_iter().zip(page.tags) {
+            for (id, item) in page.ids.into_iter().zip(page.items) {
                 if !seen.insert(id.clone()) {
                     return Err(Error::malformed(
                         op,
@@ -301,7 +332,8 @@ impl ArenaClient {
                     ));
                 }
                 rows.push(DatasetRow {
-                    arena_task_type: task_type_from_tags(tags.as_ref()),
+                    arena_task_type: task_type_from_tags(item.as_ref().and_then(|i| i.get("tags"))),
+                    base_commit: base_commit_of_item(item.as_ref()),
                     data_id: id,
                     stream_id: stream_id.to_string(),
                     llm_protocol,

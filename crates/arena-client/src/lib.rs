@@ -32,7 +32,7 @@ mod tasks;
 pub use client::{ArenaClient, encode_segment};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ClientConfig, llm_api_key, validate_llm_base_url};
-pub use dataset::{Dataset, DatasetOptions, DatasetRow};
+pub use dataset::{Dataset, DatasetOptions, DatasetRow, base_commit_of_item};
 pub use error::{Error, Party, Result, TransportKind};
 pub use hooks::{HookError, HookResult, NoHooks, RolloutHooks};
 pub use lifecycle::{RewardRefCheck, RolloutReport, RolloutSpec, RouteSetup, valid_session_id};

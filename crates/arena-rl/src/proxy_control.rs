@@ -22,7 +22,8 @@ use std::time::Duration;
 use rollout_proxy::ExportStyle;
 use rollout_proxy::control::wire::{
     EndSessionReply, EndSessionRequest, ExportReply, ExportRequest, GrantCapacityReply, GrantCapacityRequest,
-    HealthReply, SetRewardReply, SetRewardRequest, StartSessionReply, StartSessionRequest,
+    HealthReply, IntegritySelection, SetRewardReply, SetRewardRequest, StartSessionReply,
+    StartSessionRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
@@ -248,14 +249,23 @@ impl ProxyControl {
         .await
     }
 
-    /// `POST /rl/start_session` for `task_id`.
+    /// `POST /rl/start_session` for `task_id`, with the proxy's default integrity rules.
     pub async fn start(&self, task_id: &str) -> Result<Session, ControlError> {
-        self.call(
-            "POST /rl/start_session",
-            Delivery::AtMostOnce,
-            Some(&StartSessionRequest::new(task_id)),
-        )
-        .await
+        self.start_with(task_id, None).await
+    }
+
+    /// `POST /rl/start_session` for `task_id`, naming the integrity profile and base commit to scan with.
+    pub async fn start_with(
+        &self,
+        task_id: &str,
+        integrity: Option<IntegritySelection>,
+    ) -> Result<Session, ControlError> {
+        let request = StartSessionRequest {
+            integrity,
+            ..StartSessionRequest::new(task_id)
+        };
+        self.call("POST /rl/start_session", Delivery::AtMostOnce, Some(&request))
+            .await
     }
 
     /// `POST /rl/end_session` for `session_id` (admin).

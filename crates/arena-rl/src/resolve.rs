@@ -25,6 +25,28 @@ pub struct ResolvedStream {
     /// The ref the user pinned before resolution (empty when none): the live drift check before each launch
     /// runs only for pinned streams, as in the reference.
     pub pinned: RewardRef,
+    /// The proxy's integrity profile its sessions name (`guard.streams.NAME` with rules of its own); `None`
+    /// for the run-wide rules.
+    pub integrity_profile: Option<String>,
+}
+
+impl ResolvedStream {
+    /// Applies the run's `guard` settings for this stream: its integrity policy and rule ids on the reward
+    /// rule, and its proxy profile.
+    pub fn with_guard(&mut self, config: &stream_config::RunConfig) -> Result<()> {
+        let name = self.config.name.clone();
+        let rules = config
+            .guard
+            .rule_set(Some(&name))
+            .map_err(|e| Error::Invalid(format!("guard, stream {name}: {e}")))?;
+        let ids = rules.specs().iter().map(|s| s.id.clone());
+        self.rule = self
+            .rule
+            .clone()
+            .with_integrity(config.guard.policy(Some(&name)), ids);
+        self.integrity_profile = crate::run::settings::integrity_profile(config, &name);
+        Ok(())
+    }
 }
 
 /// One prompt row: the dataset row plus what routing needs.
@@ -107,7 +129,12 @@ pub async fn resolve_streams(
             registry,
         )
         .with_context(|| format!("stream {}: reward settings", s.name))?;
-        out.push(ResolvedStream { config, rule, pinned });
+        out.push(ResolvedStream {
+            config,
+            rule,
+            pinned,
+            integrity_profile: None,
+        });
     }
     Ok(out)
 }

@@ -22,7 +22,7 @@ use stream_config::TaskStatus;
 
 use crate::error::{Error, Result};
 use crate::metrics::{Lifecycle, Metric, Scope};
-use crate::outcome::{RowMeta, TaskOutcome};
+use crate::outcome::{IntegrityFinding, RowMeta, TaskOutcome};
 use stream_config::RewardRef;
 
 /// The reference's default for `arena_result_dump_max_bytes`: a larger `raw` is replaced by null.
@@ -58,6 +58,9 @@ pub struct AuditRecord {
     pub trace_id: Option<String>,
     /// `computed_at`.
     pub computed_at: Option<String>,
+    /// The integrity hits of the rollout's session (rule and matched command), as its export carried them;
+    /// the line leaves the field out when there are none.
+    pub integrity_hits: Vec<IntegrityFinding>,
 }
 
 /// The wire form of a record, fields in the reference's order.
@@ -78,6 +81,8 @@ struct Line<'a> {
     artifacts_uri: Option<&'a str>,
     trace_id: Option<&'a str>,
     computed_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    integrity_hits: &'a [IntegrityFinding],
 }
 
 impl AuditRecord {
@@ -96,6 +101,7 @@ impl AuditRecord {
             artifacts_uri: task.artifacts_uri.clone(),
             trace_id: task.trace_id.clone(),
             computed_at: task.computed_at.clone(),
+            integrity_hits: Vec::new(),
         }
     }
 
@@ -108,6 +114,12 @@ impl AuditRecord {
             TaskStatus::LocalWaitTimeout
         };
         Self::from_task(row, &TaskOutcome::new(task_id, status, None), None)
+    }
+
+    /// The same record with the session's integrity hits.
+    pub fn with_integrity_hits(mut self, hits: Vec<IntegrityFinding>) -> Self {
+        self.integrity_hits = hits;
+        self
     }
 
     /// The same record with another `training_score`.
@@ -137,6 +149,7 @@ impl AuditRecord {
             artifacts_uri: self.artifacts_uri.as_deref(),
             trace_id: self.trace_id.as_deref(),
             computed_at: self.computed_at.as_deref(),
+            integrity_hits: &self.integrity_hits,
         };
         let mut text = serde_json::to_string(&line).expect("an audit line is plain JSON data");
         text.push('\n');

@@ -50,10 +50,12 @@ pub use group::{
 };
 pub use metrics::{DEBUG_SCOPE, Lifecycle, Metric, Scope, group_metrics};
 pub use norm::{NormConfig, NormLevel, RewardConfig, SampleAdvantage};
-pub use outcome::{Episode, ErrorStage, Outcome, RowMeta, TaskOutcome, task_type_from_json};
+pub use outcome::{
+    Episode, ErrorStage, IntegrityFinding, Outcome, RowMeta, TaskOutcome, task_type_from_json,
+};
 pub use reward::{RewardRule, RewardSettings};
 pub use route::{AfterExport, Decision, RejectReason, Routed, route_outcome};
-pub use stream_config::{RewardRef, TaskStatus};
+pub use stream_config::{IntegrityPolicy, RewardRef, TaskStatus};
 pub use transform::{
     ASTRA_DEFAULT_THRESHOLD, ASTRA_PARTIAL_REWARD, AstraPartialReward, IDENTITY_REWARD, IdentityReward,
     REFERENCE_MODULE, ResolvedTransform, RewardTransform, ScoreOutOfRange, TransformRegistry,

@@ -1,6 +1,9 @@
 //! The crate's own input types: the row a rollout ran, what Arena reported for its task, and what the proxy
 //! saw of the session. They hold plain fields so that the crate does not care how results were fetched.
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use stream_config::{RewardRef, TaskStatus, UNKNOWN_TASK_TYPE, metric_task_type};
 
@@ -119,6 +122,18 @@ pub struct Episode {
     pub context_overflow: bool,
     /// The proxy answered a request of this session with an internal error.
     pub proxy_system_error: bool,
+    /// Integrity rule hits in the session's generations, per rule id (`end_session`'s `integrity_hits`);
+    /// what they cost is the stream's [`crate::RewardRule::integrity_policy`].
+    pub integrity_hits: BTreeMap<String, u64>,
     /// Training rollouts record under `rollout/`, evaluation rollouts under `eval-rollout/`.
     pub scope: Scope,
+}
+
+/// One integrity hit as audit records keep it: the rule and the command it matched.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IntegrityFinding {
+    /// The rule's id.
+    pub rule: String,
+    /// The command it matched, unwrapped and shell-quoted as the guard reports it.
+    pub matched: String,
 }

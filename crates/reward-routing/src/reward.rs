@@ -1,7 +1,10 @@
 //! Reward extraction: the top-level score of a terminal result, then the stream's transform or threshold
 //! (reference section 4.5), and what counts as solved for pass@k.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
+use stream_config::IntegrityPolicy;
 
 use crate::error::{Error, Result};
 use crate::outcome::{RowMeta, TaskOutcome};
@@ -23,6 +26,8 @@ pub struct RewardRule {
     stream: String,
     threshold: Option<f64>,
     transform: Option<ResolvedTransform>,
+    integrity: IntegrityPolicy,
+    integrity_rules: Arc<[String]>,
 }
 
 impl RewardRule {
@@ -47,6 +52,8 @@ impl RewardRule {
             stream: stream.to_string(),
             threshold: settings.reward_threshold,
             transform,
+            integrity: IntegrityPolicy::Record,
+            integrity_rules: Arc::from([]),
         })
     }
 
@@ -56,7 +63,32 @@ impl RewardRule {
             stream: stream.to_string(),
             threshold: None,
             transform: None,
+            integrity: IntegrityPolicy::Record,
+            integrity_rules: Arc::from([]),
         }
+    }
+
+    /// The same rule with the stream's integrity policy, and the ids of the rules its sessions are scanned
+    /// with (each gets a `reward/integrity_hits/<id>` metric on every rollout, 0 when it did not hit, so a
+    /// step's mean is hits per rollout).
+    pub fn with_integrity(
+        mut self,
+        policy: IntegrityPolicy,
+        rules: impl IntoIterator<Item = String>,
+    ) -> Self {
+        self.integrity = policy;
+        self.integrity_rules = rules.into_iter().collect();
+        self
+    }
+
+    /// What a rollout with integrity hits costs (default `record`).
+    pub fn integrity_policy(&self) -> IntegrityPolicy {
+        self.integrity
+    }
+
+    /// The ids of the integrity rules the stream's sessions are scanned with.
+    pub fn integrity_rules(&self) -> &[String] {
+        &self.integrity_rules
     }
 
     /// The stream this rule belongs to.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use stream_config::TaskStatus;
+use stream_config::{IntegrityPolicy, TaskStatus};
 
 use crate::audit::AuditRecord;
 use crate::classify::{Failure, FailureDisposition, classify_failure};
@@ -79,11 +79,17 @@ pub enum RejectReason {
     },
     /// A model failure without any recorded interaction: there is no trajectory to give reward 0.
     NoInteractions,
+    /// The agent hit integrity rules and the stream's policy is `reject`: only this sample is dropped.
+    IntegrityViolation {
+        /// The ids of the rules it hit.
+        rules: Vec<String>,
+    },
 }
 
 impl RejectReason {
     /// A stable label for metrics: `proxy_system_error`, `system_failure`, `unknown_failure`,
-    /// `result_processing`, `local_timeout`, `local_cancelled`, `arena_error` or `no_interactions`.
+    /// `result_processing`, `local_timeout`, `local_cancelled`, `arena_error`, `no_interactions` or
+    /// `integrity_violation`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::ProxySystemError => "proxy_system_error",
@@ -94,22 +100,25 @@ impl RejectReason {
             Self::LocalWait { cancelled: true } => "local_cancelled",
             Self::Error { .. } => "arena_error",
             Self::NoInteractions => "no_interactions",
+            Self::IntegrityViolation { .. } => "integrity_violation",
         }
     }
 
-    /// The failure disposition of the reference that this reason belongs to.
+    /// The failure disposition of the reference that this reason belongs to (an integrity violation, which
+    /// the reference does not know, is the model's doing).
     pub fn disposition(&self) -> FailureDisposition {
         match self {
             Self::UnknownFailure { .. } => FailureDisposition::UnknownFailureReject,
-            Self::NoInteractions => FailureDisposition::ModelFailureZero,
+            Self::NoInteractions | Self::IntegrityViolation { .. } => FailureDisposition::ModelFailureZero,
             _ => FailureDisposition::SystemFailureReject,
         }
     }
 
     /// Whether the rejection rejects the sample's whole group (the reference re-raises the error, which fails
-    /// the group task), rather than only dropping the sample (an empty trajectory).
+    /// the group task), rather than only dropping the sample (an empty trajectory). An integrity violation
+    /// drops only its sample: its siblings did nothing wrong.
     pub fn rejects_group(&self) -> bool {
-        !matches!(self, Self::NoInteractions)
+        !matches!(self, Self::NoInteractions | Self::IntegrityViolation { .. })
     }
 }
 
@@ -124,6 +133,7 @@ impl fmt::Display for RejectReason {
             Self::LocalWait { cancelled: true } => f.write_str("cancelled while waiting for the arena task"),
             Self::Error { message } => write!(f, "arena error: {message}"),
             Self::NoInteractions => f.write_str("model failure without any recorded interaction"),
+            Self::IntegrityViolation { rules } => write!(f, "integrity rules hit: {}", rules.join(", ")),
         }
     }
 }
@@ -137,7 +147,8 @@ pub struct Routed {
     pub disposition: Option<FailureDisposition>,
     /// Metrics to record now, whatever happens next: lifecycle (`arena/terminal_success`,
     /// `arena/result_processing_success`, `arena/call_success` as they apply), `context_overflow`,
-    /// `proxy_system_error`, `decision/<kind>` one-hot, and `reject/<reason>` for a rejection.
+    /// `proxy_system_error`, `decision/<kind>` one-hot, `reject/<reason>` for a rejection, and the integrity
+    /// hits (`reward/integrity_hits`, `reward/integrity_hits/<rule>`, `stream/<stream>/integrity_hits`).
     pub metrics: Vec<Metric>,
     record: Option<AuditRecord>,
     episode_metrics: Vec<Metric>,
@@ -212,6 +223,10 @@ impl Routed {
 ///
 /// The proxy's internal-error flag overrides only failures: a task Arena graded as a success is trained, as in
 /// the reference.
+///
+/// A rollout that would train and whose session hit integrity rules then gets the stream's
+/// [`RewardRule::integrity_policy`]: `record` trains it as decided, `zero` with reward 0, `reject` drops it
+/// as [`RejectReason::IntegrityViolation`]. Its hits are counted in the metrics whatever the policy.
 pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
     let scope = episode.scope;
     let row = &episode.row;
@@ -275,6 +290,8 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
         Outcome::Error { message, stage } => route_error(episode, message.clone(), *stage, &mut metrics),
     };
 
+    let decision = apply_integrity_policy(decision, episode, rule);
+    integrity_metrics(episode, rule, &mut metrics);
     metrics.push(scope.flag("context_overflow", episode.context_overflow));
     metrics.push(scope.flag("proxy_system_error", episode.proxy_system_error));
     for kind in ["train", "zero_reward", "reject"] {
@@ -301,6 +318,44 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
         record,
         episode_metrics,
     }
+}
+
+/// What the stream's integrity policy makes of a decision to train a rollout whose session hit rules.
+fn apply_integrity_policy(decision: Decision, episode: &Episode, rule: &RewardRule) -> Decision {
+    let hit: Vec<String> = episode
+        .integrity_hits
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(rule, _)| rule.clone())
+        .collect();
+    if hit.is_empty() || matches!(decision, Decision::Reject(_)) {
+        return decision;
+    }
+    match rule.integrity_policy() {
+        IntegrityPolicy::Record => decision,
+        IntegrityPolicy::Zero => zero_reward(episode),
+        IntegrityPolicy::Reject => Decision::Reject(RejectReason::IntegrityViolation { rules: hit }),
+    }
+}
+
+/// `reward/integrity_hits` (every rollout, 0 without hits), `reward/integrity_hits/<rule>` for every rule the
+/// stream scans with and every rule hit, and `stream/<stream>/integrity_hits`.
+fn integrity_metrics(episode: &Episode, rule: &RewardRule, metrics: &mut Vec<Metric>) {
+    let scope = episode.scope;
+    let total: u64 = episode.integrity_hits.values().sum();
+    metrics.push(scope.metric("reward/integrity_hits", total as f64));
+    let unlisted = episode
+        .integrity_hits
+        .keys()
+        .filter(|id| !rule.integrity_rules().contains(id));
+    for id in rule.integrity_rules().iter().chain(unlisted) {
+        let n = episode.integrity_hits.get(id).copied().unwrap_or(0);
+        metrics.push(scope.metric(format_args!("reward/integrity_hits/{id}"), n as f64));
+    }
+    metrics.push(scope.metric(
+        format_args!("stream/{}/integrity_hits", episode.row.stream_name),
+        total as f64,
+    ));
 }
 
 fn task_of(outcome: &Outcome) -> Option<&TaskOutcome> {

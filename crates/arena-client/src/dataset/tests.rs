@@ -10,6 +10,7 @@ fn rows(n: usize) -> Dataset {
                 stream_id: "s".into(),
                 llm_protocol: LlmProtocol::ChatCompletions,
                 arena_task_type: "unknown".into(),
+                base_commit: None,
             })
             .collect(),
     )
@@ -37,4 +38,26 @@ fn shards_are_disjoint_complete_balanced_and_deterministic() {
     assert_eq!(data.shard(0, 1).unwrap(), data);
     assert!(data.shard(3, 3).is_err());
     assert!(data.shard(0, 0).is_err());
+}
+
+#[test]
+fn a_base_commit_comes_from_the_item_its_metadata_or_a_tag() {
+    let check = |item: serde_json::Value, want: Option<&str>| {
+        assert_eq!(base_commit_of_item(Some(&item)).as_deref(), want, "{item}");
+    };
+    let sha = "0123456789ABCDEF0123456789abcdef01234567";
+    let low = sha.to_ascii_lowercase();
+    check(serde_json::json!({"base_commit": sha}), Some(&low));
+    check(serde_json::json!({"metadata": {"base_commit": sha}}), Some(&low));
+    check(
+        serde_json::json!({"tags": ["domain:swe", format!("base_commit:{sha}")]}),
+        Some(&low),
+    );
+    check(
+        serde_json::json!({"base_commit": "main", "tags": ["base_commit:abc1234"]}),
+        Some("abc1234"),
+    );
+    check(serde_json::json!({"base_commit": "abc12"}), None);
+    check(serde_json::json!({"tags": "base_commit:abc1234"}), None);
+    assert_eq!(base_commit_of_item(None), None);
 }

@@ -2,13 +2,15 @@
 //! route registry's, reward-routing's and the trainer's. These mappings are the seam between the one config
 //! format (`stream-config`) and crates that know nothing of it; they read the config and nothing else.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use arena_client::{ClientConfig, RegistryOptions, RetryPolicy};
 use reward_routing::{GroupSettings, RewardConfig};
 use rollout_proxy::{
-    ConnectionLimits, PauseMode, PoolLimits, ProxyConfig, ReasoningFormat, SessionLimits, SessionRewards,
-    SglangConfig, ToolCallFormat,
+    ConnectionLimits, IntegrityConfig, PauseMode, PoolLimits, ProxyConfig, ReasoningFormat, SessionLimits,
+    SessionRewards, SglangConfig, ToolCallFormat,
 };
 use secrecy::SecretString;
 use stream_config::{Env, RunConfig};
@@ -84,8 +86,36 @@ pub fn registry_options(config: &RunConfig) -> Result<RegistryOptions> {
     Ok(options)
 }
 
+/// The proxy's integrity rules (`guard`): the run-wide rule set for every session that names no profile,
+/// and one profile, named after its Stream, for each Stream with rules of its own.
+pub fn integrity_config(config: &RunConfig) -> Result<IntegrityConfig> {
+    let compile = |stream: Option<&str>| {
+        config.guard.rule_set(stream).map(Arc::new).map_err(|e| {
+            Error::Invalid(match stream {
+                Some(name) => format!("guard.streams.{name}: {e}"),
+                None => format!("guard: {e}"),
+            })
+        })
+    };
+    let mut integrity = IntegrityConfig {
+        default: Some(compile(None)?),
+        profiles: BTreeMap::new(),
+    };
+    for name in config.guard.streams_with_own_rules() {
+        integrity.profiles.insert(name.to_string(), compile(Some(name))?);
+    }
+    Ok(integrity)
+}
+
+/// The integrity profile a session of `stream` names at `start_session`: the Stream's own, when it has
+/// rules of its own, else none (the run-wide rules).
+pub fn integrity_profile(config: &RunConfig, stream: &str) -> Option<String> {
+    config.guard.has_own_rules(stream).then(|| stream.to_string())
+}
+
 /// The rollout proxy: parsers, preprocessors, session and connection limits and its preparation pool
-/// (`proxy.*`), export wait and default output budget; rewards a session sets on itself are dropped.
+/// (`proxy.*`), export wait and default output budget; rewards a session sets on itself are dropped. Its
+/// integrity rules, which can fail to compile, come from [`integrity_config`].
 pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig {
     let mut proxy = ProxyConfig::new(admin_key);
     proxy.tool_calls = match config.proxy.tool_call_parser {

@@ -296,7 +296,12 @@ async fn healthy_streams(client: &ArenaClient, config: &RunConfig, env: &Env) ->
     let mut unhealthy: Vec<String> = Vec::new();
     for s in &stream_configs {
         match resolve_streams(client, std::slice::from_ref(s), &transforms).await {
-            Ok(resolved) => healthy.extend(resolved),
+            Ok(resolved) => {
+                for mut r in resolved {
+                    r.with_guard(config)?;
+                    healthy.push(r);
+                }
+            }
             Err(e) => {
                 if let Some(refused) = refused_stream(&e) {
                     tracing::warn!(stream = %s.name, error = %e, "stream skipped");
@@ -408,7 +413,8 @@ async fn start_proxy(
     engine: &EngineHandle,
 ) -> Result<StartedProxy> {
     let admin = admin_key(config, env);
-    let proxy_config = settings::proxy_config(config, admin.clone());
+    let mut proxy_config = settings::proxy_config(config, admin.clone());
+    proxy_config.integrity = settings::integrity_config(config)?;
     let state = ProxyState::new(proxy_config, model, engine.engine.clone())
         .context("configuring the rollout proxy")?;
     let host: std::net::IpAddr =

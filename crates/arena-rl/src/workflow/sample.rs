@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 
 use arena_client::{RewardRefCheck, RolloutReport, RolloutSpec, RunOptions, TaskResult};
 use reward_routing::{
-    AuditRecord, Decision, Episode, ErrorStage, Lifecycle, Metric, Outcome, Routed, SampleResult, Scope,
-    TaskOutcome, route_outcome,
+    AuditRecord, Decision, Episode, ErrorStage, IntegrityFinding, Lifecycle, Metric, Outcome, Routed,
+    SampleResult, Scope, TaskOutcome, route_outcome,
 };
 use rollout_proxy::ExportedTrajectory;
 
@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::journal::{AuditEntry, Entry, RolloutRecord, SampleKey, Verdict};
 use crate::proxy_control::Session;
 use crate::resolve::{PromptRow, ResolvedStream};
-use rollout_proxy::control::wire::EndSessionReply;
+use rollout_proxy::control::wire::{EndSessionReply, IntegritySelection};
 
 fn reject(record: &mut RolloutRecord, reason: &str, message: String) {
     tracing::warn!(sample = %record.key, reason, %message, "rollout rejected");
@@ -91,7 +91,11 @@ impl Workflow {
         };
         let session = match async {
             self.proxy.grant().await?;
-            self.proxy.start(&key.to_string()).await
+            let integrity = IntegritySelection {
+                profile: stream.integrity_profile.clone(),
+                base_commit: row.row.base_commit.clone(),
+            };
+            self.proxy.start_with(&key.to_string(), Some(integrity)).await
         }
         .await
         {
@@ -116,12 +120,14 @@ impl Workflow {
             interaction_count: end.interaction_count,
             context_overflow: end.context_overflow,
             proxy_system_error: end.system_error,
+            integrity_hits: end.integrity_hits.clone(),
             scope,
         };
         let routed = route_outcome(&episode, &stream.rule);
         metrics.extend(routed.metrics.iter().cloned());
-        let after_export = self.finish_sample(record, &session, &routed, &mut metrics).await;
-        Ok((metrics, routed.audit_now().cloned().or(after_export)))
+        let (after_export, findings) = self.finish_sample(record, &session, &routed, &mut metrics).await;
+        let audit = routed.audit_now().cloned().or(after_export);
+        Ok((metrics, audit.map(|a| a.with_integrity_hits(findings))))
     }
 
     /// The Arena side's inputs for one sample.
@@ -173,14 +179,15 @@ impl Workflow {
         }
     }
 
-    /// Sets the reward, exports the session and decides the verdict; returns the after-export audit record.
+    /// Sets the reward, exports the session and decides the verdict; returns the after-export audit record
+    /// and the integrity hits the export carried.
     async fn finish_sample(
         &self,
         record: &mut RolloutRecord,
         session: &Session,
         routed: &Routed,
         metrics: &mut Vec<Metric>,
-    ) -> Option<AuditRecord> {
+    ) -> (Option<AuditRecord>, Vec<IntegrityFinding>) {
         let reward = routed.decision.reward();
         if let Some(r) = reward
             && let Err(e) = self.proxy.set_reward(&session.session_id, r).await
@@ -188,6 +195,7 @@ impl Workflow {
             tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "set_reward failed");
         }
         let trajectories = self.export(session, reward).await;
+        let findings = integrity_findings(&trajectories);
         let nonempty = reward.is_some() && !trajectories.is_empty();
         let after = routed.after_export(nonempty);
         metrics.extend(after.metrics);
@@ -211,7 +219,7 @@ impl Workflow {
                 }
             }
         };
-        after.audit
+        (after.audit, findings)
     }
 
     /// The session's trajectories; an export failure is logged and leaves none.
@@ -228,6 +236,21 @@ impl Workflow {
             }
         }
     }
+}
+
+/// The integrity hits of a session's trajectories, each (interaction, rule, command) once: a trajectory
+/// carries the hits of every interaction of its chain, so chains that share interactions repeat them.
+fn integrity_findings(trajectories: &[ExportedTrajectory]) -> Vec<IntegrityFinding> {
+    let mut seen = std::collections::HashSet::new();
+    trajectories
+        .iter()
+        .flat_map(|t| &t.integrity_hits)
+        .filter(|h| seen.insert((&h.interaction_id, &h.rule, &h.matched)))
+        .map(|h| IntegrityFinding {
+            rule: h.rule.clone(),
+            matched: h.matched.clone(),
+        })
+        .collect()
 }
 
 /// What reward-routing sees of the Arena side: a task outcome, a local wait that ran out, or an error at the

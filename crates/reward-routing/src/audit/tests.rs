@@ -436,3 +436,18 @@ fn task_ids_since_a_position_read_complete_records_on_through_rotation() {
             .is_empty()
     );
 }
+
+#[test]
+fn integrity_hits_are_on_the_line_only_when_there_are_some() {
+    let line = |r: AuditRecord| serde_json::from_str::<Value>(&r.to_line(1000)).unwrap();
+    assert_eq!(line(record(Value::Null)).get("integrity_hits"), None);
+    let hit = crate::IntegrityFinding {
+        rule: "git-reflog".into(),
+        matched: "git reflog".into(),
+    };
+    let with = line(record(Value::Null).with_integrity_hits(vec![hit]));
+    assert_eq!(
+        with["integrity_hits"],
+        serde_json::json!([{"rule": "git-reflog", "matched": "git reflog"}])
+    );
+}

@@ -41,6 +41,7 @@ fn episode(outcome: Outcome) -> Episode {
         interaction_count: 3,
         context_overflow: false,
         proxy_system_error: false,
+        integrity_hits: Default::default(),
         scope: Scope::Rollout,
     }
 }
@@ -466,4 +467,82 @@ fn the_metrics_of_a_success_are_stable() {
         .map(|m| format!("{} = {}", m.name, m.value))
         .collect();
     insta::assert_yaml_snapshot!(lines);
+}
+
+#[test]
+fn integrity_hits_cost_what_the_stream_policy_says_and_are_always_counted() {
+    let done = || Outcome::Task(task("DONE", Some(1.0), json!({})));
+    let rules = ["git-reflog".to_string(), "git-fetch".to_string()];
+    let hit = |o: Outcome| Episode {
+        integrity_hits: [("git-reflog".to_string(), 2)].into(),
+        ..episode(o)
+    };
+    let check = |policy: IntegrityPolicy, ep: Episode, decision: Decision, kind: Option<&str>| {
+        let rule = rule(None, "").with_integrity(policy, rules.clone());
+        let routed = route_outcome(&ep, &rule);
+        assert_eq!(routed.decision, decision, "{policy:?}");
+        let total = ep.integrity_hits.values().sum::<u64>() as f64;
+        assert_eq!(
+            value(&routed.metrics, "rollout/reward/integrity_hits"),
+            Some(total)
+        );
+        assert_eq!(
+            value(&routed.metrics, "rollout/reward/integrity_hits/git-reflog"),
+            Some(ep.integrity_hits.get("git-reflog").map_or(0.0, |n| *n as f64))
+        );
+        assert_eq!(
+            value(&routed.metrics, "rollout/reward/integrity_hits/git-fetch"),
+            Some(0.0)
+        );
+        assert_eq!(value(&routed.metrics, "rollout/stream/row/integrity_hits"), None);
+        assert_eq!(
+            value(&routed.metrics, "rollout/stream/astra/integrity_hits"),
+            Some(total)
+        );
+        assert_eq!(
+            value(&routed.metrics, "rollout/reject/integrity_violation"),
+            kind.map(|_| 1.0)
+        );
+        routed
+    };
+    check(IntegrityPolicy::Record, hit(done()), Decision::Train(1.0), None);
+    check(IntegrityPolicy::Zero, episode(done()), Decision::Train(1.0), None);
+    let zero = check(IntegrityPolicy::Zero, hit(done()), Decision::ZeroReward, None);
+    assert_eq!(zero.after_export(true).audit.unwrap().training_score, Some(0.0));
+    let violation = Decision::Reject(RejectReason::IntegrityViolation {
+        rules: vec!["git-reflog".into()],
+    });
+    let rejected = check(
+        IntegrityPolicy::Reject,
+        hit(done()),
+        violation,
+        Some("integrity_violation"),
+    );
+    // Only the sample is dropped, and its audit record is written at once.
+    assert_eq!(rejected.sample_result(true), SampleResult::Dropped);
+    assert!(rejected.audit_now().is_some());
+    // A rollout already rejected for another reason keeps that reason.
+    let timeout = Outcome::LocalWait {
+        task_id: Some("t".into()),
+        cancelled: false,
+    };
+    check(
+        IntegrityPolicy::Reject,
+        hit(timeout),
+        Decision::Reject(RejectReason::LocalWait { cancelled: false }),
+        None,
+    );
+    // A hit of a rule the stream does not list still gets its own metric.
+    let ep = Episode {
+        integrity_hits: [("user-rule".to_string(), 1)].into(),
+        ..episode(done())
+    };
+    let routed = route_outcome(
+        &ep,
+        &rule(None, "").with_integrity(IntegrityPolicy::Record, rules),
+    );
+    assert_eq!(
+        value(&routed.metrics, "rollout/reward/integrity_hits/user-rule"),
+        Some(1.0)
+    );
 }

@@ -30,6 +30,7 @@ pub(crate) fn episode(data_id: &str, outcome: Outcome) -> Episode {
         interaction_count: 3,
         context_overflow: false,
         proxy_system_error: false,
+        integrity_hits: Default::default(),
         scope: Scope::Rollout,
     }
 }
