@@ -13,6 +13,7 @@ fn row(stream: &str, data_id: &str, domain: &str) -> PromptRow {
             stream_id: format!("{stream}-id"),
             llm_protocol: LlmProtocol::Anthropic,
             arena_task_type: domain.into(),
+            base_commit: None,
         },
         reward_ref: RewardRef::new("grader", "1"),
     }
