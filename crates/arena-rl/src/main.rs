@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod cmd {
+    pub(crate) mod guard;
     pub(crate) mod model;
     pub(crate) mod preflight;
     pub(crate) mod proxy;
@@ -47,6 +48,9 @@ enum Command {
     Quickstart(cmd::quickstart::Args),
     /// Check Arena Streams against the live Arena before a run is submitted, and write preflight.json.
     Preflight(cmd::preflight::Args),
+    /// Audit commands or exported trajectories with the reward-integrity guard's rules.
+    #[command(subcommand)]
+    Guard(cmd::guard::Command),
     /// Run a Hugging Face checkpoint with the trainer's policy: score token ids, or answer a prompt.
     #[command(subcommand)]
     Model(cmd::model::Command),
@@ -65,6 +69,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
+        Command::Guard(command) => cmd::guard::run(command),
         Command::Model(command) => cmd::model::run(command),
         Command::Preflight(args) => cmd::preflight::run(args),
         Command::Proxy(args) => cmd::proxy::run(args),

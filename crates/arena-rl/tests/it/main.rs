@@ -3,6 +3,7 @@
 mod config;
 mod errors;
 mod grpo;
+mod guard;
 mod journal_full;
 mod kill_resume;
 mod loop_e2e;
