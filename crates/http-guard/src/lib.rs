@@ -61,7 +61,15 @@ pub struct ConnectionLimits {
     /// How long a write may wait on a socket the client does not read before the connection is closed
     /// (and the response it was writing, a stream's generation included, dropped).
     pub write_timeout: Duration,
+    /// The largest request head (request line and headers) and the most a connection buffers of what
+    /// it reads (hyper's `max_buf_size`, about 400 KiB by default): a longer head is answered 431 and the
+    /// connection closed, so a connection that has not yet shown a credential holds at most this much.
+    /// At least 8 KiB (hyper's floor).
+    pub max_head_bytes: usize,
 }
+
+/// The floor hyper puts on its connection buffer.
+pub const MIN_HEAD_BYTES: usize = 8 * 1024;
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
@@ -73,6 +81,7 @@ impl Default for ConnectionLimits {
             // Above the proxy bench's 1,024 concurrent clients plus the idle keep-alives its pool holds.
             max_connections: 4096,
             write_timeout: Duration::from_secs(60),
+            max_head_bytes: 64 * 1024,
         }
     }
 }
@@ -98,11 +107,16 @@ impl ConnectionLimits {
         .into_iter()
         .filter_map(|(name, bad)| bad.then_some(name))
         .collect();
-        if zero.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("connection limits must be positive: {}", zero.join(", ")))
+        if !zero.is_empty() {
+            return Err(format!("connection limits must be positive: {}", zero.join(", ")));
         }
+        if self.max_head_bytes < MIN_HEAD_BYTES {
+            return Err(format!(
+                "max_head_bytes must be at least {MIN_HEAD_BYTES}, got {}",
+                self.max_head_bytes
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -257,6 +271,7 @@ impl Connection {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(None)
+            .max_buf_size(self.limits.max_head_bytes)
             .keep_alive(true);
         let builder = builder.http1_only();
         let conn = builder.serve_connection_with_upgrades(io, service);

@@ -11,6 +11,7 @@ fn limits() -> ConnectionLimits {
         max_body_bytes: 100,
         max_connections: 2,
         write_timeout: Duration::from_secs(7),
+        max_head_bytes: 64 * 1024,
     }
 }
 
@@ -104,6 +105,15 @@ fn limits_default_to_the_documented_values_and_must_be_positive() {
     assert_eq!(
         zero.validate(),
         Err("connection limits must be positive: idle_timeout, max_connections".to_string())
+    );
+    assert_eq!(d.max_head_bytes, 64 * 1024);
+    let tiny = ConnectionLimits {
+        max_head_bytes: 4096,
+        ..limits()
+    };
+    assert_eq!(
+        tiny.validate(),
+        Err("max_head_bytes must be at least 8192, got 4096".to_string())
     );
 }
 

@@ -121,6 +121,12 @@ pub(crate) async fn start_session(
             Some(_) => return Err(ApiError::invalid("metadata must be an object").with_param("metadata")),
         };
         let key = start.api_key.filter(|k| !k.expose_secret().is_empty());
+        if key
+            .as_ref()
+            .is_some_and(|k| crate::auth::secrets_equal(k, &state.shared().gateway_key))
+        {
+            return Err(ApiError::invalid("api_key must not be the gateway key").with_param("api_key"));
+        }
         let selection = start.integrity.unwrap_or_default();
         let guard = integrity::session_guard(
             &state.shared().config.integrity,
@@ -275,6 +281,12 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
         }
     };
     let id = request.session_id;
+    let options = ExportOptions {
+        style: request.style,
+        discount: request.discount,
+        drop_retry_orphans: request.drop_retry_orphans,
+        final_reward: request.final_reward,
+    };
     let mut ended = state.store().ended_watch(&id)?;
     if !*ended.borrow() {
         let waited = tokio::time::timeout(wait, ended.wait_for(|e| *e)).await;
@@ -285,16 +297,19 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
             ));
         }
     }
+    // The rewards are checked before the session is taken, so a refused export leaves it to a retry with
+    // another discount or final reward.
+    state
+        .store()
+        .get_mut(&id)?
+        .trajectory
+        .rewards(&id, &options)
+        .map_err(|m| ApiError::invalid(m).with_param("discount"))?;
     let session = state.take_session(&id)?;
-    let options = ExportOptions {
-        style: request.style,
-        discount: request.discount,
-        drop_retry_orphans: request.drop_retry_orphans,
-        final_reward: request.final_reward,
-    };
     let trajectories = session
         .trajectory
-        .export(&session.id, &session.metadata, &options);
+        .export(&session.id, &session.metadata, &options)
+        .map_err(|m| ApiError::invalid(m).with_param("discount"))?;
     Metrics::add(&state.shared().metrics.sessions_exported, 1);
     let exported = ExportedSession {
         session_id: session.id.to_string(),

@@ -25,6 +25,44 @@ pub use pool::{EnginePool, MAX_AFFINITY_KEYS, POOL_ATTEMPTS};
 pub use serve::{GenerateServer, GenerateServerConfig, generate_router};
 pub use sglang::{SglangConfig, SglangEngine};
 
+/// The smallest temperature above 0 a generation may be sampled at. Below it the scaled logits `l / t` and
+/// the recorded log-probabilities leave what f32 holds (at 1e-40, `1 / t` is infinite and the
+/// log-probability NaN), and well before that they are useless for training; vLLM raises temperatures
+/// under 0.01 to 0.01 for the same reason. The proxy refuses them instead of changing them, so the
+/// distribution a token is drawn from is always the one recorded. 0 (greedy) stays allowed.
+pub const MIN_TEMPERATURE: f32 = 0.01;
+
+/// Checks a temperature named by a request, a session's `generation_args` or the run: 0, or finite and
+/// at least [`MIN_TEMPERATURE`]. The error names the value.
+pub(crate) fn check_temperature(t: f32) -> Result<(), String> {
+    if t == 0.0 || (t.is_finite() && t >= MIN_TEMPERATURE) {
+        Ok(())
+    } else {
+        Err(format!(
+            "temperature must be 0 (greedy) or a finite number of at least {MIN_TEMPERATURE}, got {}",
+            shown(t)
+        ))
+    }
+}
+
+/// Checks a top-p: in (0, 1]. The error names the value.
+pub(crate) fn check_top_p(p: f32) -> Result<(), String> {
+    if p > 0.0 && p <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!("top_p must be in (0, 1], got {}", shown(p)))
+    }
+}
+
+/// A sampling value as a person reads it (`1e-40`, not forty zeros).
+fn shown(v: f32) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e6).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// How to sample one generation.
 ///
 /// Greedy decoding (`temperature` 0) ignores `top_p` and `top_k`: the argmax is drawn from no

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::engine::{
     EngineError, EngineEvent, FinishReason, GenerateRequest, SampledToken, SamplingParams, TokenStream,
 };
+use crate::engine::{check_temperature, check_top_p};
 use crate::error::{ApiError, ApiErrorKind};
 use crate::integrity::MAX_HITS_PER_INTERACTION;
 use crate::messages::{chain, collect_images, for_template, message_key};
@@ -299,6 +300,17 @@ pub fn prepare(
     mut input: GenerationInput,
     id_prefix: &str,
 ) -> Result<Prepared, ApiError> {
+    prepare_keeping_messages(state, session, &mut input, id_prefix)
+}
+
+/// [`prepare`], leaving `input.messages` to the caller (its other fields are taken), so a protocol that
+/// keeps the messages (the Responses store) need not copy them first.
+pub(crate) fn prepare_keeping_messages(
+    state: &ProxyState,
+    session: &Arc<str>,
+    input: &mut GenerationInput,
+    id_prefix: &str,
+) -> Result<Prepared, ApiError> {
     let shared = state.shared();
     let now = Instant::now();
     let Prompt {
@@ -309,7 +321,7 @@ pub fn prepare(
         images,
         starts_in_reasoning,
         staged,
-    } = build_prompt(state, session, &mut input, now)?;
+    } = build_prompt(state, session, input, now)?;
     let model = &shared.model;
     let max_ctx = shared.engine.max_context_len();
     if prompt.len() >= max_ctx {
@@ -335,15 +347,12 @@ pub fn prepare(
             .unwrap_or(remaining)
             .min(remaining),
     };
-    if let Some(t) = input.temperature
-        && !(t.is_finite() && t >= 0.0)
-    {
-        return Err(ApiError::invalid("temperature must be a non-negative number").with_param("temperature"));
+    // These hold the request's values, or the session's `generation_args` where the request named none.
+    if let Some(t) = input.temperature {
+        check_temperature(t).map_err(|m| ApiError::invalid(m).with_param("temperature"))?;
     }
-    if let Some(p) = input.top_p
-        && !(p > 0.0 && p <= 1.0)
-    {
-        return Err(ApiError::invalid("top_p must be in (0, 1]").with_param("top_p"));
+    if let Some(p) = input.top_p {
+        check_top_p(p).map_err(|m| ApiError::invalid(m).with_param("top_p"))?;
     }
     // The request's own values are checked above even when the run overrides them: a harness that sends
     // nonsense hears about it either way.
@@ -372,9 +381,9 @@ pub fn prepare(
             stop_token_ids: model.stop_token_ids.clone(),
             seed: input.seed,
         },
-        stop: input.stop,
+        stop: std::mem::take(&mut input.stop),
         images,
-        tools: input.tools,
+        tools: input.tools.take(),
         parse_tools: input.parse_tools,
         starts_in_reasoning,
         reserved,

@@ -42,6 +42,7 @@
 //! - Reusable pieces: [`template::ChatTemplate`] (HF chat templates), [`tokenizer::Tokenizer`] and
 //!   [`tokenizer::IncrementalDecoder`], [`parse`] (reasoning, tool calls, stop strings).
 
+mod admission;
 pub mod auth;
 pub mod control;
 pub mod engine;
@@ -66,8 +67,8 @@ mod trajectory;
 
 pub use engine::{
     EngineError, EngineEvent, EnginePool, FakeEngine, FakeEngineConfig, FinishReason, GenerateRequest,
-    GenerateServer, GenerateServerConfig, InferenceEngine, POOL_ATTEMPTS, PauseMode, SampledToken,
-    SamplingParams, SglangConfig, SglangEngine, TokenStream, WeightUpdate, generate_router,
+    GenerateServer, GenerateServerConfig, InferenceEngine, MIN_TEMPERATURE, POOL_ATTEMPTS, PauseMode,
+    SampledToken, SamplingParams, SglangConfig, SglangEngine, TokenStream, WeightUpdate, generate_router,
 };
 pub use error::{ApiError, ApiErrorKind, Error, Protocol, Result};
 pub use export::{ExportOptions, ExportStyle, ExportedSession, ExportedTrajectory};

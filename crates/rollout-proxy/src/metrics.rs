@@ -65,6 +65,7 @@ pub(crate) struct Metrics {
     reserved_tokens: Gauge,
     response_bytes: Gauge,
     pool_held: Gauge,
+    request_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -81,6 +82,7 @@ pub(crate) struct Gauges {
     pub(crate) response_bytes: usize,
     /// Requests being prepared on the pool or waiting for a thread of it.
     pub(crate) pool_held: usize,
+    pub(crate) request_bytes: usize,
 }
 
 impl Default for Metrics {
@@ -105,6 +107,7 @@ impl Default for Metrics {
             reserved_tokens: Gauge::default(),
             response_bytes: Gauge::default(),
             pool_held: Gauge::default(),
+            request_bytes: Gauge::default(),
         };
         m.register();
         m
@@ -191,7 +194,7 @@ impl Metrics {
         for (name, help, counter) in counters {
             r.register(name, help, counter.clone());
         }
-        let gauges: [(&str, &str, &Gauge); 5] = [
+        let gauges: [(&str, &str, &Gauge); 6] = [
             (
                 "rollout_proxy_live_sessions",
                 "Sessions held (live or awaiting export)",
@@ -216,6 +219,11 @@ impl Metrics {
                 "rollout_proxy_pool_requests",
                 "Requests being parsed, rendered and tokenised on the pool, or waiting for it",
                 &self.pool_held,
+            ),
+            (
+                "rollout_proxy_request_bytes",
+                "Bytes generation requests hold while they are read and prepared (bodies, parsed estimates)",
+                &self.request_bytes,
             ),
         ];
         for (name, help, gauge) in gauges {
@@ -248,6 +256,7 @@ impl Metrics {
         self.reserved_tokens.set(clamp(gauges.reserved_tokens));
         self.response_bytes.set(clamp(gauges.response_bytes as u64));
         self.pool_held.set(clamp(gauges.pool_held as u64));
+        self.request_bytes.set(clamp(gauges.request_bytes as u64));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("encoding into a String cannot fail");

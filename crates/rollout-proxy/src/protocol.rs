@@ -18,6 +18,7 @@ use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::admission::tree_estimate;
 use crate::error::ApiError;
 use crate::messages::normalize_messages;
 use crate::state::ProxyState;
@@ -36,21 +37,31 @@ where
 {
     let session = session_of(state, headers)?;
     json_content_type(headers)?;
-    let body = state.read_body(body).await?;
+    // The session's place and bytes are claimed before a byte of the body is read, and held until the
+    // request is prepared (its generation admitted, or refused).
+    let mut claim = state.claim(&session)?;
+    let body = state.read_claimed_body(body, &mut claim).await?;
     // A small body is prepared in well under a millisecond, less than the hand-off to a thread costs; its
     // work stays on the async thread, between two awaits.
     if body.len() < INLINE_BODY_BYTES {
-        return work(state, session, parse_object(&body)?);
+        let map = parse_object(&body)?;
+        drop(body);
+        return work(state, session, map);
     }
     let owned = state.clone();
     state
         .shared()
         .pool
         .run(move || {
+            // A JSON tree takes up to dozens of times its text (`[0,0,...]` 16x): it is reserved before
+            // it is built.
+            claim.reserve(tree_estimate(&body) - body.len(), "the parsed request")?;
             let map = parse_object(&body)?;
             // The body's bytes are no longer needed once parsed; free them before the long part.
             drop(body);
-            work(&owned, session, map)
+            let prepared = work(&owned, session, map);
+            drop(claim);
+            prepared
         })
         .await
 }
@@ -94,6 +105,38 @@ pub(crate) fn take<T: DeserializeOwned>(
         Some(v) => serde_json::from_value(v)
             .map(Some)
             .map_err(|e| ApiError::invalid(format!("{name} is invalid: {e}")).with_param(name)),
+    }
+}
+
+/// Takes field `name` out of `map` as it was parsed, moved rather than rebuilt (`take::<Value>` would
+/// build a second tree of it); null counts as absent.
+pub(crate) fn take_json(map: &mut Map<String, Value>, name: &str) -> Result<Option<Value>, ApiError> {
+    Ok(map.remove(name).filter(|v| !v.is_null()))
+}
+
+/// Takes field `name` out of `map` as a list of JSON values, moved rather than rebuilt; null counts as
+/// absent.
+pub(crate) fn take_list(map: &mut Map<String, Value>, name: &str) -> Result<Option<Vec<Value>>, ApiError> {
+    match map.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(items)),
+        Some(other) => Err(ApiError::invalid(format!(
+            "{name} is invalid: invalid type: {}, expected a sequence",
+            kind(&other)
+        ))
+        .with_param(name)),
+    }
+}
+
+/// How serde names a JSON value's type in its errors.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "sequence",
+        Value::Object(_) => "map",
     }
 }
 

@@ -11,13 +11,14 @@
 #[cfg(test)]
 mod tests;
 
+use crate::engine::{check_temperature, check_top_p};
 use crate::error::{Error, Result};
 
 /// The run's sampling values. `None` leaves a value to the harness (under [`HarnessSampling::Honour`]) or
 /// to the fallback (temperature 1, top-p 1, no top-k).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SamplingDefaults {
-    /// Softmax temperature, at least 0 (0 is greedy).
+    /// Softmax temperature: 0 (greedy) or at least [`crate::MIN_TEMPERATURE`].
     pub temperature: Option<f32>,
     /// Nucleus mass, in (0, 1].
     pub top_p: Option<f32>,
@@ -28,19 +29,11 @@ pub struct SamplingDefaults {
 impl SamplingDefaults {
     /// Checks the values; an error names the field and the value.
     pub fn validate(&self) -> Result<()> {
-        if let Some(t) = self.temperature
-            && !(t.is_finite() && t >= 0.0)
-        {
-            return Err(Error::Config(format!(
-                "sampling.temperature must be a finite number >= 0, got {t}"
-            )));
+        if let Some(t) = self.temperature {
+            check_temperature(t).map_err(|m| Error::Config(format!("sampling.{m}")))?;
         }
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            return Err(Error::Config(format!(
-                "sampling.top_p must be in (0, 1], got {p}"
-            )));
+        if let Some(p) = self.top_p {
+            check_top_p(p).map_err(|m| Error::Config(format!("sampling.{m}")))?;
         }
         if self.top_k == Some(0) {
             return Err(Error::Config(

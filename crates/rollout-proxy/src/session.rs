@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::admission::{Budget, Claim};
 use crate::auth;
 use crate::error::{ApiError, ApiErrorKind};
 use crate::integrity::{self, SessionGuard};
@@ -45,6 +46,12 @@ pub struct SessionLimits {
     /// The most bytes of stored Responses answers across all sessions; a session storing past it forgets
     /// its own oldest first.
     pub max_response_bytes: usize,
+    /// The most bytes one session's generation requests may hold while they are read and prepared: their
+    /// bodies and an estimate of their parsed JSON (`crate::admission`); past it 429, and a single request
+    /// larger than it 413.
+    pub max_request_bytes_per_session: usize,
+    /// The same across all sessions; past it 503.
+    pub max_request_bytes: usize,
 }
 
 impl Default for SessionLimits {
@@ -58,6 +65,8 @@ impl Default for SessionLimits {
             max_generations_per_session: 16,
             max_response_bytes_per_session: 64 * 1024 * 1024,
             max_response_bytes: 2 * 1024 * 1024 * 1024,
+            max_request_bytes_per_session: 256 * 1024 * 1024,
+            max_request_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -90,6 +99,8 @@ pub(crate) struct Session {
     pub(crate) guard: Option<Arc<SessionGuard>>,
     /// Integrity hits recorded on its interactions, per rule.
     pub(crate) integrity_hits: BTreeMap<String, u64>,
+    /// What its generation requests hold while they are read and prepared.
+    bodies: Arc<Budget>,
 }
 
 /// What ending a session reports.
@@ -243,6 +254,7 @@ impl SessionStore {
                 requests: 0,
                 guard: None,
                 integrity_hits: BTreeMap::new(),
+                bodies: Budget::new(self.limits.max_request_bytes_per_session),
             },
         );
         if let Some(c) = self.capacity.as_mut() {
@@ -280,6 +292,26 @@ impl SessionStore {
     }
 
     /// Reserves room for a generation of up to `tokens` new tokens in session `id`.
+    /// Claims a place for one more generation request of session `id` before its body is read: refused
+    /// (429) while the session has its maximum of generations in flight, or of requests being read or
+    /// prepared. The claim holds the request's bytes against the session's budget and `proxy`.
+    pub(crate) fn claim(&mut self, id: &str, proxy: &Arc<Budget>, now: Instant) -> Result<Claim, ApiError> {
+        let limit = self.limits.max_generations_per_session;
+        let retry_after = self.limits.retry_after_seconds;
+        let session = self.active_mut(id, now)?;
+        let (in_flight, reading) = (session.in_flight, session.bodies.requests());
+        if in_flight >= limit || reading >= limit as usize {
+            let what = if in_flight >= limit {
+                "generations in flight"
+            } else {
+                "requests being read or prepared"
+            };
+            return Err(self.rate_limited(format!("session {id:?} has its maximum of {limit} {what}")));
+        }
+        session.bodies.enter();
+        Ok(Claim::new(session.bodies.clone(), proxy.clone(), retry_after))
+    }
+
     pub(crate) fn admit(&mut self, id: &str, tokens: u64, now: Instant) -> Result<(), ApiError> {
         let limit = self.limits.max_generations_per_session;
         if self.active_mut(id, now)?.in_flight >= limit {

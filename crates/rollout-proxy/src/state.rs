@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use axum::body::{Body, HttpBody};
 use axum::http::HeaderMap;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::admission::{Budget, Claim};
 use crate::auth;
 use crate::engine::InferenceEngine;
 use crate::error::{ApiError, ApiErrorKind, Error, Result};
@@ -144,6 +145,8 @@ pub(crate) struct Shared {
     /// What protocols keep per session beside the session store, each created on first use.
     sides: Mutex<Vec<Arc<dyn SessionSide>>>,
     model_name: String,
+    /// What generation requests hold across sessions while they are read and prepared.
+    request_bytes: Arc<Budget>,
 }
 
 /// What a protocol keeps per session beside the session store (the Responses module's stored answers):
@@ -205,6 +208,7 @@ impl ProxyState {
         }
         let model_name = config.model_name.clone().unwrap_or_else(|| model.name.clone());
         let store = SessionStore::new(config.limits.clone(), config.capacity_grants);
+        let request_bytes = Budget::new(config.limits.max_request_bytes);
         Ok(Self {
             shared: Arc::new(Shared {
                 gateway_key: auth::gateway_key(&config.admin_key),
@@ -217,6 +221,7 @@ impl ProxyState {
                 preprocessors,
                 sides: Mutex::new(Vec::new()),
                 model_name,
+                request_bytes,
             }),
         })
     }
@@ -401,6 +406,48 @@ impl ProxyState {
 
     /// Reads a request body whole, once the caller's credentials have passed: 413 over the body limit
     /// (at once when `Content-Length` says so), 408 when the connection's body deadline passes.
+    /// Claims a place for a generation request of `session` before its body is read (see
+    /// [`crate::admission`]).
+    pub(crate) fn claim(&self, session: &str) -> Result<Claim, ApiError> {
+        self.store()
+            .claim(session, &self.shared.request_bytes, Instant::now())
+    }
+
+    /// Reads a generation request's body under `claim`: all of a declared `Content-Length` is reserved
+    /// before a byte is read, a body without one as each piece arrives, so a refusal reads no more.
+    pub(crate) async fn read_claimed_body(&self, body: Body, claim: &mut Claim) -> Result<Bytes, ApiError> {
+        let limit = self.shared.config.connection.max_body_bytes;
+        let hint = body.size_hint();
+        if hint.lower() > limit as u64 {
+            return Err(body_refused(BodyRefused::TooLarge { limit }));
+        }
+        let declared = hint.exact().map(|n| n as usize);
+        if let Some(n) = declared {
+            claim.reserve(n, "the request body")?;
+        }
+        let mut body = Limited::new(body, limit);
+        let mut out = BytesMut::with_capacity(declared.unwrap_or(0));
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    body_refused(BodyRefused::TooLarge { limit })
+                } else {
+                    BodyRefused::find(&*e).map_or_else(
+                        || ApiError::invalid(format!("the request body could not be read: {e}")),
+                        body_refused,
+                    )
+                }
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if declared.is_none() {
+                    claim.reserve(data.len(), "the request body")?;
+                }
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(out.freeze())
+    }
+
     pub(crate) async fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
         let limit = self.shared.config.connection.max_body_bytes;
         let refused = |refused: BodyRefused| {
@@ -432,6 +479,15 @@ impl ProxyState {
             reserved_tokens: store.reserved_tokens(),
             response_bytes,
             pool_held: self.shared.pool.held(),
+            request_bytes: self.shared.request_bytes.used(),
         }
     }
+}
+
+fn body_refused(refused: BodyRefused) -> ApiError {
+    let kind = match refused {
+        BodyRefused::TooLarge { .. } => ApiErrorKind::PayloadTooLarge,
+        BodyRefused::TimedOut(_) => ApiErrorKind::RequestTimeout,
+    };
+    ApiError::new(kind, refused.to_string())
 }

@@ -119,6 +119,9 @@ pub(crate) fn encode_versions(versions: impl IntoIterator<Item = u32>) -> Box<[(
     runs.into_boxed_slice()
 }
 
+/// The interactions an export keeps (oldest first), then every interaction's discounted and original reward.
+type Rewards = (Vec<usize>, Vec<f64>, Vec<f64>);
+
 /// A session's interactions, in creation order.
 #[derive(Debug, Default)]
 pub(crate) struct Trajectory {
@@ -208,13 +211,41 @@ impl Trajectory {
         Ok(target.id.to_string())
     }
 
-    /// Builds the export of this trajectory.
+    /// Builds the export of this trajectory; fails, naming the interaction, when a discounted reward is
+    /// not finite (each input is finite, but `r_i + discount * r_{i+1}` can overflow).
     pub(crate) fn export(
         &self,
         session_id: &str,
         metadata: &Value,
         options: &ExportOptions,
-    ) -> Vec<ExportedTrajectory> {
+    ) -> Result<Vec<ExportedTrajectory>, String> {
+        let (kept, discounted, original) = self.rewards(session_id, options)?;
+        let n = self.interactions.len();
+        let mut live_children = vec![0u32; n];
+        for &i in &kept {
+            if let Some(p) = self.interactions[i].parent {
+                live_children[p as usize] += 1;
+            }
+        }
+        Ok(kept
+            .iter()
+            .filter(|&&i| options.style == ExportStyle::Individual || live_children[i] == 0)
+            .map(|&i| {
+                self.build(
+                    i as u32,
+                    session_id,
+                    metadata,
+                    options.style,
+                    discounted[i],
+                    original[i],
+                )
+            })
+            .collect())
+    }
+
+    /// The interactions an export keeps (oldest first) and every interaction's discounted and original
+    /// reward; an error names the first interaction whose discounted reward is not finite.
+    pub(crate) fn rewards(&self, session_id: &str, options: &ExportOptions) -> Result<Rewards, String> {
         let n = self.interactions.len();
         let mut keep: Vec<bool> = self.interactions.iter().map(|i| !i.output.is_empty()).collect();
         let mut children = vec![0u32; n];
@@ -264,27 +295,15 @@ impl Trajectory {
             if let Some(later) = next {
                 discounted[i] += options.discount * later;
             }
+            if !discounted[i].is_finite() {
+                return Err(format!(
+                    "the discounted reward of interaction {} is not finite (its reward {:e} plus discount {:e} times the next one's overflows)",
+                    self.interactions[i].id, original[i], options.discount
+                ));
+            }
             next = Some(discounted[i]);
         }
-        let mut live_children = vec![0u32; n];
-        for &i in &kept {
-            if let Some(p) = self.interactions[i].parent {
-                live_children[p as usize] += 1;
-            }
-        }
-        kept.iter()
-            .filter(|&&i| options.style == ExportStyle::Individual || live_children[i] == 0)
-            .map(|&i| {
-                self.build(
-                    i as u32,
-                    session_id,
-                    metadata,
-                    options.style,
-                    discounted[i],
-                    original[i],
-                )
-            })
-            .collect()
+        Ok((kept, discounted, original))
     }
 
     fn build(

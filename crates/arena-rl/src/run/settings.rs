@@ -145,6 +145,7 @@ pub fn proxy_config(config: &RunConfig, admin_key: SecretString) -> ProxyConfig 
         write_timeout: p.write_timeout_seconds.duration(),
         max_body_bytes: usize::try_from(p.max_body_bytes).unwrap_or(usize::MAX),
         max_connections: p.max_connections as usize,
+        ..ConnectionLimits::default()
     };
     proxy.pool = PoolLimits {
         threads: p

@@ -223,6 +223,7 @@ async fn a_run_s_proxy_never_exports_a_reward_a_session_sets_itself() {
             write_timeout: secs(4),
             max_body_bytes: 5,
             max_connections: 6,
+            ..rollout_proxy::ConnectionLimits::default()
         }
     );
     assert_eq!(

@@ -23,6 +23,7 @@ fn limits() -> ConnectionLimits {
         max_body_bytes: 4096,
         max_connections: 64,
         write_timeout: Duration::from_millis(500),
+        max_head_bytes: 64 * 1024,
     }
 }
 

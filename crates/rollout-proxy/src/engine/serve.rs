@@ -373,6 +373,12 @@ async fn generate(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
             "this engine does not accept image inputs",
         );
     }
+    let checked = (wire.sampling_params.temperature.map(super::check_temperature))
+        .transpose()
+        .and((wire.sampling_params.top_p.map(super::check_top_p)).transpose());
+    if let Err(message) = checked {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
     // New requests wait while the server is paused, then hold the reader lock for their whole generation.
     let mut paused = shared.paused.subscribe();
     let _ = paused.wait_for(Option::is_none).await;

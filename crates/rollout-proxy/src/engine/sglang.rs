@@ -98,6 +98,18 @@ pub struct SglangConfig {
     pub stream: bool,
     /// Connect timeout.
     pub connect_timeout: Duration,
+    /// The whole of every call but `/generate` and the weight update (`/health`, `/get_server_info`,
+    /// `/v1/models`, `/pause_generation`, `/continue_generation`, `/get_weight_version`): its answer's head
+    /// and body. Past it the call is a transport error, so a server that accepts and never answers cannot
+    /// hold a pause, an update or [`SglangEngine::connect`] (whose readiness probes each get the shorter of
+    /// this and what is left of [`SglangConfig::ready_timeout`]).
+    pub request_timeout: Duration,
+    /// The whole of `/update_weights_from_disk` (loading a large checkpoint takes minutes).
+    pub weight_update_timeout: Duration,
+    /// `/generate`: the longest wait for its answer's head and then between two pieces of its body (a
+    /// streamed chunk, or a non-streamed answer whole). Long enough for a generation held by a pause
+    /// around a weight update, or queued behind a full batch.
+    pub generate_idle_timeout: Duration,
     /// The most top log-probabilities per token to ask for when a request truncates (top-p below 1 or a
     /// top-k), to renormalise SGLang's untruncated log-probabilities over the kept tokens (see the
     /// module docs).
@@ -123,6 +135,9 @@ impl SglangConfig {
             supports_images: false,
             stream: true,
             connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            weight_update_timeout: Duration::from_secs(1800),
+            generate_idle_timeout: Duration::from_secs(600),
             truncation_logprobs: 64,
             api_key: None,
             pause_mode: PauseMode::default(),
@@ -150,6 +165,9 @@ struct Inner {
     api_key: Option<SecretString>,
     pause_mode: PauseMode,
     max_resubmits: u32,
+    request_timeout: Duration,
+    weight_update_timeout: Duration,
+    generate_idle_timeout: Duration,
 }
 
 #[derive(Serialize)]
@@ -258,6 +276,9 @@ impl SglangEngine {
             api_key: config.api_key,
             pause_mode: config.pause_mode,
             max_resubmits: config.max_resubmits,
+            request_timeout: config.request_timeout,
+            weight_update_timeout: config.weight_update_timeout,
+            generate_idle_timeout: config.generate_idle_timeout,
         };
         if let Some(timeout) = config.ready_timeout {
             inner.wait_ready(timeout).await?;
@@ -319,7 +340,16 @@ impl Inner {
     async fn wait_ready(&self, timeout: Duration) -> Result<(), EngineError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let last = match self.send(Method::GET, "/health", Bytes::new()).await {
+            // Each probe may take what is left of the wait, and at least the pause between probes, so the
+            // last probe past the deadline still hears a starting server's 503.
+            let probe = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_millis(500))
+                .min(self.request_timeout);
+            let last = match self
+                .call_within(Method::GET, "/health", Bytes::new(), probe)
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(EngineError::Upstream { status: 503, .. }) => "answers 503 (starting)".to_string(),
                 Err(EngineError::Transport(e)) => format!("cannot be reached ({e})"),
@@ -370,12 +400,16 @@ impl Inner {
             .map_err(|e| EngineError::InvalidRequest(format!("bad SGLang URL: {e}")))
     }
 
+    /// Sends a request and waits at most `limit` for its answer's head; a refusal's body is read within
+    /// what is left of `limit` and at most [`ERROR_BODY_LIMIT`] bytes of it.
     async fn send(
         &self,
         method: Method,
         path: &str,
         body: Bytes,
+        limit: Duration,
     ) -> Result<hyper::body::Incoming, EngineError> {
+        let until = tokio::time::Instant::now() + limit;
         let mut request = Request::builder()
             .method(method)
             .uri(self.uri(path)?)
@@ -386,30 +420,81 @@ impl Inner {
         let request = request
             .body(Full::new(body))
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let response = self
-            .client
-            .request(request)
+        let response = tokio::time::timeout_at(until, self.client.request(request))
             .await
+            .map_err(|_| no_answer(path, limit))?
             .map_err(|e| EngineError::Transport(format!("{path}: {e}")))?;
         let status = response.status();
         if !status.is_success() {
-            let body = response
-                .into_body()
-                .collect()
+            // What a refusal says is only ever shown cut to 500 characters, and a broken server may send
+            // an endless body: read a little of it, for no longer than the call may take.
+            let body = read_limited(response.into_body(), ERROR_BODY_LIMIT, until, path, limit)
                 .await
-                .map(|b| b.to_bytes())
+                .map(|(b, _)| b)
                 .unwrap_or_default();
             return Err(refusal(status.as_u16(), &String::from_utf8_lossy(&body)));
         }
         Ok(response.into_body())
     }
 
+    /// A whole call (head and body) within [`SglangConfig::request_timeout`].
     async fn call(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, EngineError> {
-        let body = self.send(method, path, body).await?;
-        body.collect()
-            .await
-            .map(|b| b.to_bytes())
-            .map_err(|e| EngineError::Transport(format!("{path}: {e}")))
+        self.call_within(method, path, body, self.request_timeout).await
+    }
+
+    /// A whole call (head and body) within `limit`, its answer at most [`ANSWER_LIMIT`] bytes.
+    async fn call_within(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        limit: Duration,
+    ) -> Result<Bytes, EngineError> {
+        let until = tokio::time::Instant::now() + limit;
+        let body = self.send(method, path, body, limit).await?;
+        match read_limited(body, ANSWER_LIMIT, until, path, limit).await? {
+            (bytes, false) => Ok(bytes),
+            (_, true) => Err(EngineError::Protocol(format!(
+                "{path}: the answer is longer than {ANSWER_LIMIT} bytes"
+            ))),
+        }
+    }
+}
+
+/// The most of a refusal's body the client reads.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// The most of a control call's answer the client reads (`/get_server_info` is a few KiB).
+const ANSWER_LIMIT: usize = 4 * 1024 * 1024;
+
+fn no_answer(path: &str, limit: Duration) -> EngineError {
+    EngineError::Transport(format!("{path}: no complete answer within {limit:?}"))
+}
+
+/// Reads `body` until its end, `max` bytes (then answers what it read and `true`), or `until`.
+async fn read_limited(
+    mut body: hyper::body::Incoming,
+    max: usize,
+    until: tokio::time::Instant,
+    path: &str,
+    limit: Duration,
+) -> Result<(Bytes, bool), EngineError> {
+    let mut out = BytesMut::new();
+    loop {
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Err(_) => return Err(no_answer(path, limit)),
+            Ok(None) => return Ok((out.freeze(), false)),
+            Ok(Some(Err(e))) => return Err(EngineError::Transport(format!("{path}: {e}"))),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    let room = max - out.len();
+                    out.extend_from_slice(&data[..data.len().min(room)]);
+                    if data.len() > room {
+                        return Ok((out.freeze(), true));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -675,7 +760,8 @@ impl StreamState {
             }
             let Some(incoming) = self.incoming.as_mut() else {
                 let body = self.body.take()?;
-                match self.inner.send(Method::POST, "/generate", body).await {
+                let idle = self.inner.generate_idle_timeout;
+                match self.inner.send(Method::POST, "/generate", body, idle).await {
                     Ok(incoming) => self.incoming = Some(incoming),
                     Err(e) => {
                         self.decoder.finished = true;
@@ -684,7 +770,14 @@ impl StreamState {
                 }
                 continue;
             };
-            match incoming.frame().await {
+            let idle = self.inner.generate_idle_timeout;
+            let Ok(frame) = tokio::time::timeout(idle, incoming.frame()).await else {
+                self.decoder.finished = true;
+                return Some(Err(EngineError::Transport(format!(
+                    "/generate: nothing from the server for {idle:?}"
+                ))));
+            };
+            match frame {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.buf.extend_from_slice(&data);
@@ -835,10 +928,11 @@ impl InferenceEngine for SglangEngine {
             });
             let answer = match self
                 .inner
-                .call(
+                .call_within(
                     Method::POST,
                     "/update_weights_from_disk",
                     Bytes::from(body.to_string()),
+                    self.inner.weight_update_timeout,
                 )
                 .await
             {

@@ -18,6 +18,7 @@ fn the_exposition_keeps_the_series_names_and_counts() {
         reserved_tokens: 7,
         response_bytes: 4096,
         pool_held: 3,
+        request_bytes: 5,
     });
     for line in [
         "# TYPE rollout_proxy_requests counter",

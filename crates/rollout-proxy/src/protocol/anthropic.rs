@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, Protocol};
 use crate::generation::{self, FinishKind, GenEvent, Generation, GenerationInput, Summary, ToolCallOut};
-use crate::protocol::{bounds, normalise, prepare_off_thread, take, warn_ignored};
+use crate::protocol::{bounds, normalise, prepare_off_thread, take, take_json, take_list, warn_ignored};
 use crate::sse::{self, SseProtocol};
 use crate::state::ProxyState;
 
@@ -89,14 +89,14 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
 
 /// Reads a Messages request body into the core's form.
 fn parse(state: &ProxyState, map: &mut Map<String, Value>) -> Result<Request, ApiError> {
-    let messages: Vec<Value> = take(map, "messages")?
+    let messages: Vec<Value> = take_list(map, "messages")?
         .ok_or_else(|| ApiError::invalid("messages: field required").with_param("messages"))?;
-    let system: Option<Value> = take(map, "system")?;
+    let system: Option<Value> = take_json(map, "system")?;
     let model: Option<String> = take(map, "model")?;
-    let tools: Option<Vec<Value>> = take(map, "tools")?;
+    let tools: Option<Vec<Value>> = take_list(map, "tools")?;
     bounds::tools(tools.as_deref())?;
-    let tool_choice: Option<Value> = take(map, "tool_choice")?;
-    let thinking: Option<Value> = take(map, "thinking")?;
+    let tool_choice: Option<Value> = take_json(map, "tool_choice")?;
+    let thinking: Option<Value> = take_json(map, "thinking")?;
     let stream = take::<bool>(map, "stream")?.unwrap_or(false);
     let top_k = match take::<i64>(map, "top_k")? {
         Some(k) if k > 0 => u32::try_from(k).ok(),
@@ -105,7 +105,7 @@ fn parse(state: &ProxyState, map: &mut Map<String, Value>) -> Result<Request, Ap
     let stop: Vec<String> = take(map, "stop_sequences")?.unwrap_or_default();
     bounds::stop(&stop, "stop_sequences", bounds::MAX_ANTHROPIC_STOP)?;
     // Checked as Anthropic checks it, and then without effect: it concerns the provider's abuse tracking.
-    bounds::anthropic_metadata(take::<Value>(map, "metadata")?.as_ref())?;
+    bounds::anthropic_metadata(take_json(map, "metadata")?.as_ref())?;
     let messages = normalise(state, to_core_messages(system, messages)?)?;
     let mut template_kwargs: Option<Map<String, Value>> = None;
     if let Some(enabled) = thinking_enabled(thinking.as_ref())? {

@@ -14,7 +14,9 @@ use crate::error::{ApiError, Protocol};
 use crate::generation::{
     self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
 };
-use crate::protocol::{bounds, normalise, prepare_off_thread, stop_strings, take, warn_ignored};
+use crate::protocol::{
+    bounds, normalise, prepare_off_thread, stop_strings, take, take_json, take_list, warn_ignored,
+};
 use crate::sse::{self, SseProtocol};
 use crate::state::ProxyState;
 
@@ -62,15 +64,15 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
 
 /// Reads a Chat Completions body into the core's form and admits its generation (on the pool).
 fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -> Result<Request, ApiError> {
-    let messages: Vec<Value> = take(&mut map, "messages")?
+    let messages: Vec<Value> = take_list(&mut map, "messages")?
         .ok_or_else(|| ApiError::invalid("messages is required").with_param("messages"))?;
     let model: Option<String> = take(&mut map, "model")?;
-    let tools: Option<Vec<Value>> = take(&mut map, "tools")?;
+    let tools: Option<Vec<Value>> = take_list(&mut map, "tools")?;
     bounds::tools(tools.as_deref())?;
     bounds::openai_metadata(map.get("metadata"))?;
-    let tool_choice: Option<Value> = take(&mut map, "tool_choice")?;
+    let tool_choice: Option<Value> = take_json(&mut map, "tool_choice")?;
     let stream = take::<bool>(&mut map, "stream")?.unwrap_or(false);
-    let include_usage = take::<Value>(&mut map, "stream_options")?
+    let include_usage = take_json(&mut map, "stream_options")?
         .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
     let max_tokens = match take::<u32>(&mut map, "max_completion_tokens")? {

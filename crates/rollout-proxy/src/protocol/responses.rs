@@ -36,7 +36,9 @@ use crate::error::{ApiError, ApiErrorKind, Protocol};
 use crate::generation::{
     self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
 };
-use crate::protocol::{bounds, normalise, prepare_off_thread, session_of, take, warn_ignored};
+use crate::protocol::{
+    bounds, normalise, prepare_off_thread, session_of, take, take_json, take_list, warn_ignored,
+};
 use crate::sse::{self, SseProtocol};
 use crate::state::ProxyState;
 use store::{ResponseStore, StoredResponse};
@@ -155,16 +157,16 @@ async fn run(state: &ProxyState, headers: &HeaderMap, body: Body) -> Result<Resp
 /// Reads a Responses body into the core's form, with the stored chain it continues, and admits its
 /// generation (on the pool).
 fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -> Result<Request, ApiError> {
-    let input: Value =
-        take(&mut map, "input")?.ok_or_else(|| ApiError::invalid("input is required").with_param("input"))?;
-    let instructions: Option<Value> = take(&mut map, "instructions")?;
+    let input: Value = take_json(&mut map, "input")?
+        .ok_or_else(|| ApiError::invalid("input is required").with_param("input"))?;
+    let instructions: Option<Value> = take_json(&mut map, "instructions")?;
     let previous: Option<String> = take(&mut map, "previous_response_id")?;
     let store = take::<bool>(&mut map, "store")?.unwrap_or(true);
     let stream = take::<bool>(&mut map, "stream")?.unwrap_or(false);
     let model: Option<String> = take(&mut map, "model")?;
-    let tools: Option<Vec<Value>> = take(&mut map, "tools")?;
+    let tools: Option<Vec<Value>> = take_list(&mut map, "tools")?;
     bounds::tools(tools.as_deref())?;
-    let tool_choice: Option<Value> = take(&mut map, "tool_choice")?;
+    let tool_choice: Option<Value> = take_json(&mut map, "tool_choice")?;
     let temperature: Option<f32> = take(&mut map, "temperature")?;
     let top_p: Option<f32> = take(&mut map, "top_p")?;
     let max_output_tokens: Option<u32> = take(&mut map, "max_output_tokens")?;
@@ -173,11 +175,11 @@ fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -
         Some(k) if k > 0 => u32::try_from(k).ok(),
         _ => None,
     };
-    let metadata = take::<Value>(&mut map, "metadata")?;
+    let metadata = take_json(&mut map, "metadata")?;
     bounds::openai_metadata(metadata.as_ref())?;
-    let reasoning = take::<Value>(&mut map, "reasoning")?;
+    let reasoning = take_json(&mut map, "reasoning")?;
     bounds::json_field(reasoning.as_ref(), "reasoning", bounds::MAX_REASONING_BYTES)?;
-    let text = take::<Value>(&mut map, "text")?;
+    let text = take_json(&mut map, "text")?;
     bounds::json_field(text.as_ref(), "text", bounds::MAX_TEXT_BYTES)?;
     let mut echo = RequestEcho {
         model: model.unwrap_or_else(|| state.model_name().to_string()),
@@ -228,8 +230,9 @@ fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -
             })?;
         messages.extend(earlier);
     }
-    messages.extend(new_messages.iter().cloned());
-    let generation_input = GenerationInput {
+    let new_start = messages.len();
+    messages.extend(new_messages);
+    let mut generation_input = GenerationInput {
         messages,
         parse_tools: tool_choice.as_ref().and_then(Value::as_str) != Some("none"),
         tools: function_tools(tools)?,
@@ -242,7 +245,8 @@ fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -
         stop: Vec::new(),
     };
     warn_ignored(&map, "responses");
-    let prepared = generation::prepare(state, &session, generation_input, "resp_")?;
+    let prepared = generation::prepare_keeping_messages(state, &session, &mut generation_input, "resp_")?;
+    let new_messages = generation_input.messages.split_off(new_start);
     // The response object reports the values the output was sampled at (the run's defaults or override
     // included), written as the shortest decimal of the f32 so that 0.6 reads back as 0.6.
     echo.temperature = decimal(prepared.sampling().temperature);

@@ -63,7 +63,7 @@ fn concat_exports_leaves_with_every_sampled_token_trained() {
         discount: 0.5,
         ..ExportOptions::default()
     };
-    let out = t.export("s", &json!({"k": 1}), &options);
+    let out = t.export("s", &json!({"k": 1}), &options).expect("finite rewards");
     let ids: Vec<&str> = out.iter().map(|x| x.interaction_id.as_str()).collect();
     assert_eq!(ids, vec!["a-retry", "c"]);
     let c = &out[1];
@@ -83,7 +83,9 @@ fn concat_exports_leaves_with_every_sampled_token_trained() {
 #[test]
 fn individual_exports_every_interaction_training_only_its_own_output() {
     let t = tree();
-    let out = t.export("s", &json!({}), &ExportOptions::default());
+    let out = t
+        .export("s", &json!({}), &ExportOptions::default())
+        .expect("finite rewards");
     assert_eq!(out.len(), 4);
     let b = &out[2];
     assert_eq!(b.token_ids, vec![1, 2, 3, 4, 5, 6]);
@@ -100,7 +102,7 @@ fn retry_orphans_are_dropped() {
         final_reward: Some(2.0),
         ..ExportOptions::default()
     };
-    let out = t.export("s", &json!({}), &options);
+    let out = t.export("s", &json!({}), &options).expect("finite rewards");
     let ids: Vec<&str> = out.iter().map(|x| x.interaction_id.as_str()).collect();
     assert_eq!(
         ids,
@@ -119,6 +121,7 @@ fn retry_orphans_are_dropped() {
     };
     let ids: Vec<String> = t
         .export("s", &json!({}), &options)
+        .expect("finite rewards")
         .into_iter()
         .map(|x| x.interaction_id)
         .collect();
@@ -166,7 +169,7 @@ fn a_concat_export_carries_each_turns_sampling_per_token() {
         style: ExportStyle::Concat,
         ..ExportOptions::default()
     };
-    let out = t.export("s", &json!({}), &options);
+    let out = t.export("s", &json!({}), &options).expect("finite rewards");
     assert_eq!(out.len(), 1);
     let e = &out[0];
     assert_eq!(e.token_ids, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
@@ -178,7 +181,9 @@ fn a_concat_export_carries_each_turns_sampling_per_token() {
         vec![0, 0, 0, 0, 0, 1, 0, 0, 0],
         "greedy tokens are untruncated"
     );
-    let individual = t.export("s", &json!({}), &ExportOptions::default());
+    let individual = t
+        .export("s", &json!({}), &ExportOptions::default())
+        .expect("finite rewards");
     assert_eq!(
         individual[2].temperatures, e.temperatures,
         "earlier turns keep their values where an individual export does not train on them"
@@ -187,7 +192,9 @@ fn a_concat_export_carries_each_turns_sampling_per_token() {
 
 #[test]
 fn old_records_without_sampling_still_read() {
-    let out = tree().export("s", &json!({}), &ExportOptions::default());
+    let out = tree()
+        .export("s", &json!({}), &ExportOptions::default())
+        .expect("finite rewards");
     let mut value = serde_json::to_value(&out[0]).expect("serialises");
     let map = value.as_object_mut().expect("an object");
     for field in ["temperatures", "top_ps", "top_ks", "truncated"] {
@@ -196,4 +203,28 @@ fn old_records_without_sampling_still_read() {
     let old: ExportedTrajectory = serde_json::from_value(value).expect("an old record reads");
     assert!(old.temperatures.is_empty() && old.truncated.is_empty());
     assert_eq!(old.token_ids, out[0].token_ids);
+}
+
+#[test]
+fn discounted_rewards_that_overflow_are_an_error_naming_the_interaction() {
+    let mut t = tree();
+    t.set_reward(Some("c"), Some(1.7e308)).expect("c");
+    t.set_reward(Some("b"), Some(1.7e308)).expect("b");
+    let err = t
+        .export("s", &json!({}), &ExportOptions::default())
+        .expect_err("1.7e308 + 1.7e308 overflows");
+    assert!(
+        err.contains("interaction b") && err.contains("not finite"),
+        "{err}"
+    );
+    let options = ExportOptions {
+        discount: 1e308,
+        ..ExportOptions::default()
+    };
+    let mut t = tree();
+    t.set_reward(Some("c"), Some(10.0)).expect("c");
+    assert!(
+        t.export("s", &json!({}), &options).is_err(),
+        "a huge discount overflows too"
+    );
 }

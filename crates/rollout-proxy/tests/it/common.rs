@@ -358,3 +358,14 @@ pub(crate) async fn frames(response: http::Response<axum::body::Body>) -> Vec<St
     }
     out
 }
+
+/// Resident memory of this process, in bytes (the proxy and its clients).
+pub(crate) fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS in kB")
+        * 1024
+}

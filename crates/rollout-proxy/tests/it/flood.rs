@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::common::{ADMIN, Proxy, call, config, engine_config};
+use crate::common::{ADMIN, Proxy, call, config, engine_config, rss};
 use crate::hostile::{metric, read_response, wait_for};
 
 const CLIENTS: usize = 12;
@@ -74,17 +74,6 @@ async fn flood(addr: SocketAddr, key: String, seed: u64, stop: Arc<AtomicBool>, 
             other => panic!("unexpected {other}: {} {}", r.head, r.body),
         }
     }
-}
-
-/// Resident memory of this process, in bytes (the proxy and its clients).
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS in kB")
-        * 1024
 }
 
 fn p95(mut samples: Vec<Duration>) -> Duration {

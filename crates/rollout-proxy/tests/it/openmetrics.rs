@@ -167,6 +167,7 @@ async fn prometheus_clients_openmetrics_parser_reads_the_exposition() {
         "pool_requests",
         "prefix_mismatches",
         "prompt_tokens",
+        "request_bytes",
         "request_duration_seconds",
         "requests",
         "reserved_tokens",

@@ -555,3 +555,121 @@ async fn a_generation_whose_server_dies_moves_to_another_with_its_tokens() {
         "{saw:?}"
     );
 }
+
+/// A TCP server that accepts every connection, reads what it is sent, and never answers.
+async fn silent_server() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    url
+}
+
+/// A server that refuses every request with a 500 whose body never ends.
+async fn endless_refusal() -> String {
+    let endless = || async {
+        let chunks = futures::stream::repeat_with(|| {
+            Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 64 * 1024]))
+        });
+        (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            axum::body::Body::from_stream(chunks),
+        )
+    };
+    let router = axum::Router::new()
+        .route("/pause_generation", post(endless))
+        .route("/generate", post(endless));
+    let (server, url) = listen(router).await;
+    std::mem::forget(server);
+    url
+}
+
+/// Every call to a server that accepts and never answers ends within the client's configured deadline (each
+/// assertion allows a bound derived from it, never a guess at timing): `connect`'s readiness wait, a
+/// generation, a pause; a pool's weight update leaves that server out and the other server updates; a
+/// refusal with an endless body is read only in part.
+#[tokio::test]
+async fn a_server_that_never_answers_cannot_stall_a_send_or_the_pools_update() {
+    let limit = Duration::from_millis(300);
+    let quiet = |url: &str| {
+        let mut config = SglangConfig::new(url);
+        config.pause_mode = PauseMode::Retract;
+        config.request_timeout = limit;
+        config.generate_idle_timeout = limit;
+        config.weight_update_timeout = limit;
+        config
+    };
+    let silent = silent_server().await;
+    let mut config = quiet(&silent);
+    config.ready_timeout = Some(limit * 3);
+    let err = tokio::time::timeout(limit * 10, SglangEngine::connect(config))
+        .await
+        .expect("connect gives up at its ready deadline")
+        .expect_err("never ready");
+    assert!(err.to_string().contains("not ready"), "{err}");
+
+    let mut config = quiet(&silent);
+    config.ready_timeout = None;
+    config.max_context_len = Some(200);
+    let engine = Arc::new(SglangEngine::connect(config).await.expect("asks nothing"));
+    let mut stream = engine.generate(request());
+    let first = tokio::time::timeout(limit * 4, stream.next())
+        .await
+        .expect("the generation ends at its idle deadline")
+        .expect("an event");
+    assert!(
+        first.as_ref().is_err_and(|e| e.to_string().contains("/generate")),
+        "{first:?}"
+    );
+    let err = tokio::time::timeout(limit * 4, engine.pause(PauseMode::Retract))
+        .await
+        .expect("the pause ends at its deadline")
+        .expect_err("no answer");
+    assert!(err.to_string().contains("no complete answer"), "{err}");
+
+    let good = fake(0);
+    let server = GenerateServer::with_engine(GenerateServerConfig::default(), good.clone());
+    let (_live, url) = listen(server.router()).await;
+    let pool = EnginePool::new(
+        vec![
+            ("silent".into(), engine.clone() as Arc<dyn InferenceEngine>),
+            (url.clone(), client(&url, PauseMode::Retract).await),
+        ],
+        PauseMode::Retract,
+    );
+    // Each of the pool's attempts at the silent server ends within `limit`, with 200 ms between attempts.
+    let bound = (limit + Duration::from_millis(200)) * 3 * rollout_proxy::POOL_ATTEMPTS + limit * 4;
+    tokio::time::timeout(
+        bound,
+        pool.update_weights_from_disk(WeightUpdate {
+            path: "/c".into(),
+            version: Some(1),
+        }),
+    )
+    .await
+    .expect("the update is not stalled by the silent server")
+    .expect("the live server updates");
+    assert_eq!(server.weight_version(), "1");
+    assert_eq!(pool.servers_down(), 1);
+
+    let refusing = endless_refusal().await;
+    let mut config = quiet(&refusing);
+    config.ready_timeout = None;
+    config.max_context_len = Some(200);
+    config.request_timeout = Duration::from_secs(600);
+    let engine = SglangEngine::connect(config).await.expect("asks nothing");
+    let err = tokio::time::timeout(Duration::from_secs(60), engine.pause(PauseMode::Retract))
+        .await
+        .expect("an endless refusal is read only in part")
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("500"),
+        "{}",
+        &err.to_string()[..200.min(err.to_string().len())]
+    );
+    assert!(err.to_string().len() < 1024, "the refusal is cut");
+}
