@@ -15,6 +15,9 @@
 //! graded with partial credit for closeness and for answering with the number alone. It is sized for a small
 //! pretrained instruct model (SmolLM2-135M-Instruct), which solves some of it untrained.
 //!
+//! A fourth kind of row, [`shell::ShellTask`] (tags `domain:shell` and `cmd:<command>`), is not graded on
+//! digits: it replays a script of shell commands as tool calls (see [`shell`]).
+//!
 //! This module is also the library API that a supervised warm-up uses to produce transcripts: the harnesses
 //! build every request from [`TaskInstance::messages`], [`TaskInstance::tools`], [`assistant_turn`] and
 //! [`tool_results`], so [`TaskInstance::transcript`] is exactly the conversation a harness sends.
@@ -444,6 +447,7 @@ fn single_digit(answer: &str) -> Option<u8> {
     }
 }
 
+pub mod shell;
 pub mod sum;
 
 #[cfg(test)]

@@ -12,7 +12,39 @@ use super::wire::{self, StreamReader, Turn, preview};
 use super::{LlmRunnerDef, custom_headers, grade, graded_raw, injected, merged, outcome, task_of};
 use crate::harness::{Harness, HarnessContext, HarnessOutcome, HarnessRun, LaunchReply, LaunchRequest};
 use crate::sse::SseParser;
+use crate::tasks::shell::ShellTask;
 use crate::tasks::{TaskInstance, ToolCall, ToolResult, assistant_turn, tool_results};
+
+/// What a dialogue needs of a task: its opening conversation, its tools, and what a tool call answers.
+trait Exercise: Sync {
+    fn opening(&self, protocol: LlmProtocol) -> Vec<Value>;
+    fn offered(&self, protocol: LlmProtocol) -> Value;
+    fn answer(&self, call: &ToolCall) -> ToolResult;
+}
+
+impl Exercise for TaskInstance {
+    fn opening(&self, protocol: LlmProtocol) -> Vec<Value> {
+        self.messages(protocol)
+    }
+    fn offered(&self, protocol: LlmProtocol) -> Value {
+        self.offered_tools(protocol)
+    }
+    fn answer(&self, call: &ToolCall) -> ToolResult {
+        self.tool_result(call)
+    }
+}
+
+impl Exercise for ShellTask {
+    fn opening(&self, protocol: LlmProtocol) -> Vec<Value> {
+        self.messages(protocol)
+    }
+    fn offered(&self, protocol: LlmProtocol) -> Value {
+        ShellTask::tools(protocol)
+    }
+    fn answer(&self, call: &ToolCall) -> ToolResult {
+        ShellTask::tool_result(call)
+    }
+}
 
 /// A harness that calls the model over one protocol and grades its final answer.
 #[derive(Clone)]
@@ -134,6 +166,9 @@ struct Progress {
 impl Inner {
     async fn run(&self, ctx: HarnessContext) -> HarnessOutcome {
         ctx.set_status("AGENT_RUNNING");
+        if let Some(shell) = ShellTask::from_tags(&ctx.request.data_id, &ctx.tags) {
+            return self.run_shell(&ctx, &shell).await;
+        }
         let task = match task_of(&ctx) {
             Ok(t) => t,
             Err(o) => return *o,
@@ -150,7 +185,8 @@ impl Inner {
         let conn = Connection::from_launch(self.protocol, &ctx.request);
         let mut progress = Progress::default();
         let limit = Duration::from_millis(self.def.timeout_ms);
-        let result = tokio::time::timeout(limit, self.dialogue(&conn, &task, &mut progress)).await;
+        let turns = self.def.max_turns;
+        let result = tokio::time::timeout(limit, self.dialogue(&conn, &task, turns, &mut progress)).await;
         let facts = json!({"model_calls": progress.model_calls, "tool_calls": progress.tool_calls});
         let base = merged(base, facts);
         let answer = match result {
@@ -188,6 +224,51 @@ impl Inner {
         }
     }
 
+    /// A shell row: the script replayed as `bash` calls (with a turn for each command and one to answer,
+    /// at least), graded by [`ShellTask::grade`]; no injected faults.
+    async fn run_shell(&self, ctx: &HarnessContext, shell: &ShellTask) -> HarnessOutcome {
+        let conn = Connection::from_launch(self.protocol, &ctx.request);
+        let mut progress = Progress::default();
+        let turns = u32::try_from(shell.commands.len() + 1)
+            .unwrap_or(u32::MAX)
+            .max(self.def.max_turns);
+        let limit = Duration::from_millis(self.def.timeout_ms);
+        let result = tokio::time::timeout(limit, self.dialogue(&conn, shell, turns, &mut progress)).await;
+        let base = json!({
+            "harness": ctx.harness.clone().unwrap_or_else(|| self.key.clone()),
+            "protocol": self.protocol,
+            "script": shell.commands,
+            "model_calls": progress.model_calls,
+            "tool_calls": progress.tool_calls,
+        });
+        let answer = match result {
+            Err(_) => {
+                let error = format!(
+                    "harness: the run exceeded its time limit of {} ms",
+                    self.def.timeout_ms
+                );
+                return outcome(TaskStatus::Timeout, None, merged(base, json!({"error": error})));
+            }
+            Ok(Err(e)) => {
+                let raw =
+                    json!({"error": self.failure_text(&e, progress.model_calls), "http_status": e.status});
+                return outcome(TaskStatus::HarnessFailed, None, merged(base, raw));
+            }
+            Ok(Ok(answer)) => answer.filter(|a| !a.trim().is_empty()),
+        };
+        let Some(answer) = answer else {
+            let error = format!(
+                "harness: no final answer after {} model calls",
+                progress.model_calls
+            );
+            return outcome(TaskStatus::NoOutput, None, merged(base, json!({"error": error})));
+        };
+        ctx.set_status("EVALUATING");
+        let score = shell.grade(Some(&answer), &progress.tool_calls);
+        let raw = json!({"final_answer": answer, "score": score});
+        outcome(TaskStatus::Done, Some(score), merged(base, raw))
+    }
+
     /// `raw.error` of a failed model call. Claude Code reports a context overflow as an API error and exits
     /// with code 1; the reference's classifier recognises that phrasing, so the Anthropic harness uses it.
     fn failure_text(&self, e: &ModelError, call: u32) -> String {
@@ -209,24 +290,22 @@ impl Inner {
     async fn dialogue(
         &self,
         conn: &Connection,
-        task: &TaskInstance,
+        task: &dyn Exercise,
+        max_turns: u32,
         progress: &mut Progress,
     ) -> Result<Option<String>, ModelError> {
         let protocol = self.protocol;
-        let mut history = task.messages(protocol);
-        let tools = task.offered_tools(protocol);
-        for _ in 0..self.def.max_turns {
+        let mut history = task.opening(protocol);
+        let tools = task.offered(protocol);
+        for _ in 0..max_turns {
             let body = wire::request_body(protocol, &conn.model, &history, &tools, self.def.max_tokens);
             progress.model_calls += 1;
             let turn = self.call(conn, &body).await?;
             if turn.calls.is_empty() {
                 return Ok(Some(turn.text));
             }
-            let results: Vec<(ToolCall, ToolResult)> = turn
-                .calls
-                .iter()
-                .map(|c| (c.clone(), task.tool_result(c)))
-                .collect();
+            let results: Vec<(ToolCall, ToolResult)> =
+                turn.calls.iter().map(|c| (c.clone(), task.answer(c))).collect();
             progress.tool_calls.extend(turn.calls.iter().cloned());
             history.extend(assistant_turn(protocol, &turn.text, &turn.calls));
             history.extend(tool_results(protocol, &results));

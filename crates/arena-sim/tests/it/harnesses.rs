@@ -9,6 +9,7 @@ use arena_client::{
     ArenaClient, LaunchRequest, RegistryOptions, RolloutReport, RolloutSpec, RouteRegistry, RouteSetup,
     RunOptions, TaskResult,
 };
+use arena_sim::tasks::shell::{SHELL_TOOL, ShellTask};
 use arena_sim::tasks::{TaskFamily, TaskInstance, ToolCall, assistant_turn, tool_results};
 use arena_sim::{ArenaSim, LlmRunnerDef, RunnerDef, RunnerFault, StreamDef, World};
 use secrecy::SecretString;
@@ -75,14 +76,27 @@ async fn session_rollout(
     gateway_key: &SecretString,
     session_token: &SecretString,
 ) -> RolloutReport {
+    let (stream_id, data_id) = row(protocol);
+    let session = (session_id, gateway_key, session_token);
+    row_rollout(sim, &stream_id, &data_id, upstream_url, session).await
+}
+
+/// One `session_gateway` rollout of a row, as the training loop runs it; `session` is the session id, the
+/// gateway key and the session's token.
+async fn row_rollout(
+    sim: &ArenaSim,
+    stream_id: &str,
+    data_id: &str,
+    upstream_url: &str,
+    (session_id, gateway_key, session_token): (&str, &SecretString, &SecretString),
+) -> RolloutReport {
     let client = client(sim);
     let mut options = RegistryOptions::new(60.0).expect("options");
     options.inbound_protos = ["chat", "anthropic", "responses"].map(String::from).to_vec();
     let registry = RouteRegistry::new(client.clone(), options);
-    let (stream_id, data_id) = row(protocol);
     let spec = RolloutSpec {
-        stream_id,
-        data_id,
+        stream_id: stream_id.to_string(),
+        data_id: data_id.to_string(),
         harness: None,
         task_envs: BTreeMap::new(),
         proxy_base_url: upstream_url.to_string(),
@@ -523,4 +537,71 @@ async fn the_key_never_reaches_the_result() {
         Some(format!("Bearer {secret}").as_str())
     );
     assert_eq!(upstream.seen()[0].header("x-session-token"), Some("tok"));
+}
+
+/// The shell harness replays a script of commands as `bash` calls through the real proxy in each protocol:
+/// the proxy's integrity guard records the offending ones on the session, the simulated shell answers
+/// every call, and the grader scores the whole script run in order.
+#[tokio::test]
+async fn the_shell_harness_replays_commands_through_the_real_proxy_in_every_protocol() {
+    let script = [
+        "git status",
+        "cd /testbed && git --no-pager log --all --oneline | head -5",
+        "bash -lc 'git reflog show --all'",
+        "python -c \"import subprocess; subprocess.run(['git', 'show', 'c0ffee1234'])\"",
+    ];
+    let tags = ShellTask::tags(&script);
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let mut world = world();
+    for protocol in LlmProtocol::ALL {
+        let key = harness_key(protocol);
+        world = world.stream(
+            StreamDef::new(format!("sh-{protocol}"))
+                .harness(key, "1")
+                .row(&format!("sh-{protocol}-row"), &tags),
+        );
+        world.runners.insert(key.to_string(), RunnerDef::llm(protocol));
+    }
+    let sim = ArenaSim::start(world).await.expect("sim starts");
+    let proxy = Proxy::start().await;
+    for protocol in LlmProtocol::ALL {
+        for command in script {
+            let call = json!({"name": SHELL_TOOL, "arguments": {"command": command}});
+            proxy.script(&format!("<tool_call>\n{call}\n</tool_call>"));
+        }
+        proxy.script("done");
+        let (session, key) = proxy.session("shell").await;
+        let token = proxy.state.session_token(&session);
+        let gateway_key = proxy.state.gateway_key();
+        let (stream, data_id) = (format!("sh-{protocol}"), format!("sh-{protocol}-row"));
+        let report = row_rollout(
+            &sim,
+            &stream,
+            &data_id,
+            &proxy.url(),
+            (&session, &gateway_key, &token),
+        )
+        .await;
+        let result = done(report);
+        assert_eq!(
+            (result.status, result.score),
+            (TaskStatus::Done, Some(1.0)),
+            "{protocol}: {}",
+            result.raw
+        );
+        let ran: Vec<&str> = result.raw["tool_calls"]
+            .as_array()
+            .expect("tool calls")
+            .iter()
+            .map(|c| c["arguments"]["command"].as_str().expect("a command"))
+            .collect();
+        assert_eq!(ran, script, "{protocol}");
+        let end = proxy.end_reply(&key).await;
+        assert_eq!(end["interaction_count"], 5, "{protocol}: {end}");
+        assert_eq!(
+            end["integrity_hits"],
+            json!({"git-log-all-refs": 1, "git-object-by-hash": 1, "git-reflog": 1}),
+            "{protocol}: {end}"
+        );
+    }
 }

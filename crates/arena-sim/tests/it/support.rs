@@ -179,6 +179,13 @@ impl Proxy {
 
     /// Ends a session; its interaction count.
     pub(crate) async fn end(&self, key: &SecretString) -> u64 {
+        self.end_reply(key).await["interaction_count"]
+            .as_u64()
+            .expect("interaction_count")
+    }
+
+    /// Ends a session; `end_session`'s reply.
+    pub(crate) async fn end_reply(&self, key: &SecretString) -> Value {
         let r = http()
             .post(format!("{}/rl/end_session", self.url()))
             .bearer_auth(key.expose_secret())
@@ -186,8 +193,7 @@ impl Proxy {
             .send()
             .await
             .expect("end_session");
-        let v: Value = r.json().await.expect("end JSON");
-        v["interaction_count"].as_u64().expect("interaction_count")
+        r.json().await.expect("end JSON")
     }
 }
 
