@@ -4,6 +4,7 @@ mod config;
 mod errors;
 mod grpo;
 mod guard;
+mod integrity;
 mod journal_full;
 mod kill_resume;
 mod loop_e2e;

@@ -100,6 +100,16 @@ impl OracleEngine {
     }
 
     fn answer(&self, prompt: &str) -> String {
+        // A shell row (arena-sim's `tasks::shell`): follow its script, one `bash` call per turn, then answer.
+        if let Some(next) = arena_sim::tasks::shell::next_command(prompt) {
+            return match next {
+                Some(command) => {
+                    let call = serde_json::json!({"name": "bash", "arguments": {"command": command}});
+                    format!("<tool_call>{call}</tool_call>")
+                }
+                None => "done".to_string(),
+            };
+        }
         let last_user = prompt.rfind("digit under key ").map_or("", |i| &prompt[i..]);
         let key: String = last_user
             .trim_start_matches("digit under key ")
