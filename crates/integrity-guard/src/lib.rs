@@ -12,7 +12,7 @@
 //!
 //! What it deliberately does not do: it runs nothing and reads no repository, so it judges text alone; it
 //! does not know which refs or objects an image holds, nor whether a command succeeded (see
-//! `docs/guard.md` for what follows from that). It holds no policy: what a hit costs is the caller's
+//! `docs/integrity-guard.md` for what follows from that). It holds no policy: what a hit costs is the caller's
 //! setting. It depends on no other workspace crate, so the proxy, the config loader and the command line
 //! all use the same rules.
 //!

@@ -187,3 +187,25 @@ fn exported_trajectories_are_rescanned_with_a_model_or_show_their_recorded_hits(
     assert_eq!(line["source"], "rescanned");
     assert_eq!(line["trajectory"]["interaction_id"], "i-1");
 }
+
+/// The example in docs/integrity-guard.md prints what the binary prints.
+#[test]
+fn the_documented_example_is_what_the_binary_prints() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/integrity-guard.md"))
+            .unwrap();
+    let mut lines = doc.lines().skip_while(|l| !l.starts_with("$ printf '"));
+    let command = lines.next().expect("the doc has a printf example");
+    let input = command
+        .strip_prefix("$ printf '")
+        .and_then(|c| c.strip_suffix("' | arena-rl guard check"))
+        .expect("printf '...' | arena-rl guard check")
+        .replace("\\n", "\n");
+    let expected: Vec<&str> = lines.take_while(|l| !l.starts_with("```")).collect();
+    let out = check(&[], input.as_bytes());
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().lines().collect::<Vec<_>>(),
+        expected
+    );
+}
