@@ -41,14 +41,27 @@ where
     // request is prepared (its generation admitted, or refused).
     let mut claim = state.claim(&session)?;
     let body = state.read_claimed_body(body, &mut claim).await?;
+    let owned = state.clone();
     // A small body is prepared in well under a millisecond, less than the hand-off to a thread costs; its
-    // work stays on the async thread, between two awaits.
+    // work stays on the async thread, between two awaits. A small Responses body that continues a stored
+    // conversation (`previous_response_id`) is not small work: the conversation it rebuilds and renders
+    // may be as long as the context window, so it goes to the pool.
     if body.len() < INLINE_BODY_BYTES {
         let map = parse_object(&body)?;
         drop(body);
-        return work(state, session, map);
+        if !map.contains_key(CONTINUES) {
+            return work(state, session, map);
+        }
+        return state
+            .shared()
+            .pool
+            .run(move || {
+                let prepared = work(&owned, session, map);
+                drop(claim);
+                prepared
+            })
+            .await;
     }
-    let owned = state.clone();
     state
         .shared()
         .pool
@@ -65,6 +78,9 @@ where
         })
         .await
 }
+
+/// The Responses field that continues a stored conversation.
+const CONTINUES: &str = "previous_response_id";
 
 /// Bodies below this many bytes are prepared on the async thread that read them (see
 /// [`prepare_off_thread`]); larger ones on the pool.

@@ -192,6 +192,23 @@ pub(crate) fn json_field(value: Option<&Value>, field: &str, max: usize) -> Resu
     }
 }
 
+/// The memory `value` takes as a tree, itself included: each node, each string's and key's bytes, each
+/// list's slots and each map entry's key, hash and index (`serde_json` keeps maps in order, in an
+/// `IndexMap`). What a stored tree is budgeted by; its JSON can be dozens of times smaller.
+pub(crate) fn tree_bytes(value: &Value) -> usize {
+    const NODE: usize = std::mem::size_of::<Value>();
+    const ENTRY: usize = NODE + std::mem::size_of::<String>() + 2 * std::mem::size_of::<usize>();
+    fn below(value: &Value) -> usize {
+        match value {
+            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+            Value::String(s) => s.capacity(),
+            Value::Array(items) => items.capacity() * NODE + items.iter().map(below).sum::<usize>(),
+            Value::Object(map) => map.iter().map(|(k, v)| ENTRY + k.capacity() + below(v)).sum(),
+        }
+    }
+    NODE + below(value)
+}
+
 /// The length of `value`'s compact JSON, counting strings by their unescaped bytes; it stops counting
 /// once the total reaches `cap`.
 pub(crate) fn json_size(value: &Value, cap: usize) -> usize {

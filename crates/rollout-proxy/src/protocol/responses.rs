@@ -83,7 +83,7 @@ pub(crate) async fn get(
         }
     };
     match found {
-        Some(response) => axum::Json(response).into_response(),
+        Some(json) => ([(axum::http::header::CONTENT_TYPE, "application/json")], json).into_response(),
         None => not_found().into_response(),
     }
 }
@@ -223,6 +223,7 @@ fn prepare(state: &ProxyState, session: Arc<str>, mut map: Map<String, Value>) -
         state.store().get_mut(&session)?;
         let earlier = stored_responses(state)
             .conversation(&session, previous)
+            .map(|turns| store::messages(&turns))
             .ok_or_else(|| {
                 ApiError::invalid(format!("Previous response with id '{previous}' not found."))
                     .with_param("previous_response_id")
@@ -275,12 +276,14 @@ struct PendingStore {
 
 impl PendingStore {
     fn store(self, summary: &Summary, response: &ResponseObject<'_>) {
-        let response = serde_json::to_value(response).unwrap_or_default();
+        let Ok(response) = serde_json::to_vec(response) else {
+            return;
+        };
         let stored = StoredResponse {
             previous: self.previous,
-            input: self.input,
-            output: summary.message(),
-            response,
+            input: self.input.into(),
+            output: summary.message().into(),
+            response: response.into(),
         };
         let responses = stored_responses(&self.state);
         let sessions = self.state.store();

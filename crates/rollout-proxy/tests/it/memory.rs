@@ -239,3 +239,65 @@ async fn one_sessions_unfinished_bodies_hold_at_most_its_request_budget() {
     );
     drop(held);
 }
+
+/// 32 clients ask for one stored response of about 1 MiB (its echoed `text`) and never read the answer,
+/// through receive buffers of 4 KiB. A GET cloned the stored tree under the store's lock and serialised
+/// it on an async thread, so each unread GET held a copy until the write timeout (the review: 32 GETs,
+/// 306 MiB); the store now keeps the answer's JSON and every GET shares it. `/health` is answered while
+/// they are stalled, and the growth is within a few copies of the one answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_gets_of_a_stored_response_share_it_and_health_is_answered() {
+    let mut c = config();
+    c.connection.write_timeout = Duration::from_secs(120);
+    // A small send buffer on the proxy's side (accepted connections inherit the listener's), so that what
+    // an unread answer holds is the proxy's, not the kernel's.
+    let listener = tokio::net::TcpSocket::new_v4().expect("a socket");
+    listener.set_send_buffer_size(4096).expect("a small send buffer");
+    listener
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("binds");
+    let p = Proxy::start_on(listener.listen(64).expect("listens"), c, engine_config());
+    let (_, key) = p.session("t").await;
+    let text = serde_json::json!({"format": {"type": "json_schema", "name": "big", "schema":
+        {"description": "d".repeat(1000 * 1000)}}});
+    let r = p
+        .responses(
+            &key,
+            serde_json::json!({"input": "Hi", "max_output_tokens": 4, "text": text}),
+        )
+        .await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.text);
+    let id = r.json()["id"].as_str().expect("an id").to_string();
+    let stored = r.text.len() as u64;
+    drop(r);
+    let addr = p.server.local_addr();
+    let before = rss();
+    let mut stalled = Vec::new();
+    for _ in 0..32 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("rcvbuf");
+        let mut s = socket.connect(addr).await.expect("connects");
+        let get =
+            format!("GET /v1/responses/{id} HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer {key}\r\n\r\n");
+        s.write_all(get.as_bytes()).await.expect("asks");
+        let mut first = [0u8; 12];
+        s.read_exact(&mut first).await.expect("the answer starts");
+        assert_eq!(&first, b"HTTP/1.1 200");
+        stalled.push(s);
+    }
+    let health = call(http::Method::GET, &p.url("/health"), &[], None).await;
+    assert_eq!(health.status, http::StatusCode::OK);
+    let grown = rss().saturating_sub(before);
+    eprintln!(
+        "32 unread GETs of a {} KiB stored response: +{} MiB",
+        stored / 1024,
+        grown / MIB
+    );
+    assert!(
+        grown < 4 * stored + 8 * MIB,
+        "+{} MiB for a {} KiB answer",
+        grown / MIB,
+        stored / 1024
+    );
+    drop(stalled);
+}

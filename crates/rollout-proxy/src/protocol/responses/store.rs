@@ -11,6 +11,7 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use bytes::Bytes;
 use serde_json::Value;
 
 use crate::protocol::bounds;
@@ -21,24 +22,28 @@ use crate::state::SessionSide;
 pub(crate) const MAX_STORED_RESPONSES: usize = 1024;
 
 /// A stored response: what it added to the conversation, and the object answered.
+///
+/// The messages are shared (`Arc`), so a continuation takes its chain under the store's lock by
+/// reference and copies it after; the response object is kept as the JSON it was answered with, so a
+/// `GET` answers those bytes (shared, however many read them at once) and serialises nothing.
 #[derive(Debug)]
 pub(crate) struct StoredResponse {
     pub(crate) previous: Option<Box<str>>,
     /// The messages its request added, in the core's form (without `instructions`).
-    pub(crate) input: Vec<Value>,
+    pub(crate) input: Arc<[Value]>,
     /// Its output as one assistant message in the core's form.
-    pub(crate) output: Value,
-    /// The response object as answered.
-    pub(crate) response: Value,
+    pub(crate) output: Arc<Value>,
+    /// The response object as answered (its `instructions`, `tools`, `metadata`, `text` and
+    /// `reasoning` included), as JSON.
+    pub(crate) response: Bytes,
 }
 
 impl StoredResponse {
-    /// The bytes of JSON it holds (what the byte budgets count).
+    /// The memory it holds (what the byte budgets count): its messages as trees, its response's JSON.
     pub(crate) fn bytes(&self) -> usize {
-        let size = |v: &Value| bounds::json_size(v, usize::MAX);
-        self.input.iter().map(size).sum::<usize>()
-            + size(&self.output)
-            + size(&self.response)
+        self.input.iter().map(bounds::tree_bytes).sum::<usize>()
+            + bounds::tree_bytes(&self.output)
+            + self.response.len()
             + self.previous.as_ref().map_or(0, |p| p.len())
     }
 }
@@ -75,13 +80,14 @@ impl SessionResponses {
         self.bytes
     }
 
-    /// The response object of `id`.
-    pub(crate) fn get(&self, id: &str) -> Option<&Value> {
+    /// The response object of `id`, as JSON.
+    pub(crate) fn get(&self, id: &str) -> Option<&Bytes> {
         self.responses.get(id).map(|r| &r.response)
     }
 
-    /// The conversation that response `id` ended: every input and output of its chain, oldest first.
-    pub(crate) fn conversation(&self, id: &str) -> Option<Vec<Value>> {
+    /// The conversation that response `id` ended: every input and output of its chain, oldest first,
+    /// shared with the store (copying them is the caller's, after the lock).
+    pub(crate) fn conversation(&self, id: &str) -> Option<Vec<Turn>> {
         let mut chain = Vec::new();
         let mut at = Some(id);
         while let Some(id) = at {
@@ -92,13 +98,27 @@ impl SessionResponses {
                 return None;
             }
         }
-        let mut out = Vec::new();
-        for stored in chain.into_iter().rev() {
-            out.extend(stored.input.iter().cloned());
-            out.push(stored.output.clone());
-        }
-        Some(out)
+        Some(
+            chain
+                .into_iter()
+                .rev()
+                .map(|stored| (stored.input.clone(), stored.output.clone()))
+                .collect(),
+        )
     }
+}
+
+/// One stored response's part of a conversation: the messages its request added, then its output.
+pub(crate) type Turn = (Arc<[Value]>, Arc<Value>);
+
+/// The messages of `turns`, copied (outside the store's lock).
+pub(crate) fn messages(turns: &[Turn]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(turns.iter().map(|(input, _)| input.len() + 1).sum());
+    for (input, output) in turns {
+        out.extend(input.iter().cloned());
+        out.push(Value::clone(output));
+    }
+    out
 }
 
 /// Every session's stored responses, within a budget per session and one across sessions.
@@ -153,16 +173,16 @@ impl ResponseStore {
         inner.bytes = others + stored.bytes();
     }
 
-    /// The response object `response_id` of session `id`.
-    pub(crate) fn get(&self, id: &str, response_id: &str) -> Option<Value> {
+    /// The response object `response_id` of session `id`, as JSON (shared, not copied).
+    pub(crate) fn get(&self, id: &str, response_id: &str) -> Option<Bytes> {
         self.inner()
             .sessions
             .get(id)
             .and_then(|s| s.get(response_id).cloned())
     }
 
-    /// A stored response object of any session, by id (for the admin).
-    pub(crate) fn find(&self, response_id: &str) -> Option<Value> {
+    /// A stored response object of any session, by id (for the admin), as JSON.
+    pub(crate) fn find(&self, response_id: &str) -> Option<Bytes> {
         self.inner()
             .sessions
             .values()
@@ -171,7 +191,7 @@ impl ResponseStore {
 
     /// The conversation response `response_id` of session `id` ended (see
     /// [`SessionResponses::conversation`]).
-    pub(crate) fn conversation(&self, id: &str, response_id: &str) -> Option<Vec<Value>> {
+    pub(crate) fn conversation(&self, id: &str, response_id: &str) -> Option<Vec<Turn>> {
         self.inner().sessions.get(id)?.conversation(response_id)
     }
 }

@@ -8,9 +8,9 @@ use super::*;
 fn stored(previous: Option<&str>, input: &str, output: &str) -> StoredResponse {
     StoredResponse {
         previous: previous.map(Into::into),
-        input: vec![json!({"role": "user", "content": input})],
-        output: json!({"role": "assistant", "content": output}),
-        response: json!({"id": output}),
+        input: vec![json!({"role": "user", "content": input})].into(),
+        output: json!({"role": "assistant", "content": output}).into(),
+        response: Bytes::from(json!({"id": output}).to_string()),
     }
 }
 
@@ -20,8 +20,9 @@ fn a_chain_is_rebuilt_oldest_first_and_forgotten_oldest_first() {
     store.insert("r1", stored(None, "q1", "a1"), usize::MAX);
     store.insert("r2", stored(Some("r1"), "q2", "a2"), usize::MAX);
     store.insert("r3", stored(Some("r1"), "q3", "a3"), usize::MAX);
-    let text = |c: Vec<Value>| {
-        c.iter()
+    let text = |c: Vec<Turn>| {
+        messages(&c)
+            .iter()
             .map(|m| m["content"].as_str().expect("text").to_string())
             .collect::<Vec<_>>()
     };
@@ -33,7 +34,7 @@ fn a_chain_is_rebuilt_oldest_first_and_forgotten_oldest_first() {
         text(store.conversation("r3").expect("branch")),
         ["q1", "a1", "q3", "a3"]
     );
-    assert_eq!(store.get("r3"), Some(&json!({"id": "a3"})));
+    assert_eq!(store.get("r3"), Some(&Bytes::from(r#"{"id":"a3"}"#)));
     assert!(store.conversation("nope").is_none());
     for i in 0..MAX_STORED_RESPONSES {
         store.insert(&format!("x{i}"), stored(None, "q", "a"), usize::MAX);
@@ -63,4 +64,21 @@ fn stored_responses_are_forgotten_oldest_first_past_the_byte_budget() {
     store.insert("huge", stored(None, &"q".repeat(10 * one), "a"), budget);
     assert!(store.get("huge").is_none());
     assert!(store.bytes() <= budget);
+}
+
+#[test]
+fn the_budget_counts_the_memory_a_tree_takes_not_its_json() {
+    let parts: Vec<Value> = (0..10_000).map(|_| json!({"t": 0})).collect();
+    let response = StoredResponse {
+        previous: None,
+        input: vec![json!({"role": "user", "content": parts})].into(),
+        output: json!({"role": "assistant", "content": "a"}).into(),
+        response: Bytes::from_static(b"{}"),
+    };
+    let json = bounds::json_size(&response.input[0], usize::MAX);
+    assert!(
+        response.bytes() > 10 * json,
+        "{} bytes held for {json} bytes of JSON",
+        response.bytes()
+    );
 }
