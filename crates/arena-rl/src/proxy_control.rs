@@ -254,14 +254,21 @@ impl ProxyControl {
         self.start_with(task_id, None).await
     }
 
-    /// `POST /rl/start_session` for `task_id`, naming the integrity profile and base commit to scan with.
+    /// `POST /rl/start_session` for `task_id`, naming the integrity profile and base commit to scan with; a
+    /// base commit also goes into the session's metadata, so the exported trajectories carry it for a later
+    /// audit (`arena-rl guard check`).
     pub async fn start_with(
         &self,
         task_id: &str,
         integrity: Option<IntegritySelection>,
     ) -> Result<Session, ControlError> {
+        let metadata = integrity
+            .as_ref()
+            .and_then(|i| i.base_commit.as_ref())
+            .map(|b| serde_json::json!({ "base_commit": b }));
         let request = StartSessionRequest {
             integrity,
+            metadata,
             ..StartSessionRequest::new(task_id)
         };
         self.call("POST /rl/start_session", Delivery::AtMostOnce, Some(&request))

@@ -2,8 +2,8 @@
 //! rules (docs/integrity-guard.md).
 //!
 //! Input on stdin is one command per line, or JSONL of exported trajectories (the proxy's
-//! `ExportedTrajectory`, as `rollouts.jsonl` and the export carry them); it prints one JSON line per input
-//! line with its hits and exits 0 whatever it finds. A malformed line gets a JSON line with its `error`
+//! `ExportedTrajectory`) or of records that hold them under `trajectories` (a session's export,
+//! `rollouts.jsonl`); it prints one JSON line per input line with its hits and exits 0 whatever it finds. A malformed line gets a JSON line with its `error`
 //! and a `line N: ...` message on stderr, and the audit goes on to the end, so one bad line does not hide
 //! the rest of a run; the exit status is then 1, so a script knows the audit was partial.
 
@@ -30,11 +30,12 @@ pub(crate) enum Command {
 /// What stdin holds.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum InputKind {
-    /// Exported trajectories when the first non-blank line is a JSON object, else commands.
+    /// JSONL when the first non-blank line is a JSON object, else commands.
     Auto,
     /// One shell command per line.
     Commands,
-    /// One exported trajectory (JSON) per line.
+    /// One exported trajectory, or a record with `trajectories` (a session export, a `rollouts.jsonl`
+    /// line), per line.
     Export,
 }
 
@@ -179,27 +180,45 @@ impl Audit {
         Ok(malformed)
     }
 
-    /// One exported trajectory: its sampled text scanned again (with `--model`), or its recorded hits.
+    /// One line of JSONL: an exported trajectory, or a record that holds several (a session's export, a
+    /// `rollouts.jsonl` line); their sampled text scanned again as one session (with `--model`), or the
+    /// hits the proxy recorded, each once.
     fn export_line(&self, text: &str) -> Result<Value, String> {
-        let t: ExportedTrajectory =
-            serde_json::from_str(text).map_err(|e| format!("not an exported trajectory: {e}"))?;
-        let id = json!({"session_id": t.session_id, "interaction_id": t.interaction_id});
+        let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let (trajectories, id) = if let Some(list) = value.get("trajectories") {
+            let trajectories: Vec<ExportedTrajectory> = serde_json::from_value(list.clone())
+                .map_err(|e| format!("its trajectories are not exported trajectories: {e}"))?;
+            let id: serde_json::Map<String, Value> = ["key", "stream", "data_id", "task_id", "session_id"]
+                .into_iter()
+                .filter_map(|k| Some((k.to_string(), value.get(k)?.clone())))
+                .collect();
+            (trajectories, json!({ "record": id }))
+        } else {
+            let t: ExportedTrajectory = serde_json::from_value(value)
+                .map_err(|e| format!("not an exported trajectory (nor a record with `trajectories`): {e}"))?;
+            let id = json!({"trajectory": {"session_id": t.session_id, "interaction_id": t.interaction_id}});
+            (vec![t], id)
+        };
+        let mut out = id;
         let Some(tokenizer) = &self.tokenizer else {
-            let hits: Vec<Value> = t
-                .integrity_hits
+            let mut seen = std::collections::HashSet::new();
+            let hits: Vec<Value> = trajectories
                 .iter()
+                .flat_map(|t| &t.integrity_hits)
+                .filter(|h| seen.insert((&h.interaction_id, &h.rule, &h.matched)))
                 .map(|h| json!({"rule": h.rule, "category": h.category, "matched": h.matched}))
                 .collect();
-            return Ok(json!({"trajectory": id, "source": "recorded", "hits": hits}));
+            out["source"] = json!("recorded");
+            out["hits"] = json!(hits);
+            return Ok(out);
         };
-        let base = t
-            .metadata
-            .get("base_commit")
-            .and_then(Value::as_str)
+        let base = trajectories
+            .iter()
+            .find_map(|t| t.metadata.get("base_commit").and_then(Value::as_str))
             .or(self.base_commit.as_deref());
         let mut scanner = Scanner::new(self.rules.clone(), base);
         let mut hits: Vec<Hit> = Vec::new();
-        for span in sampled_spans(&t) {
+        for span in trajectories.iter().flat_map(sampled_spans) {
             let text = tokenizer
                 .decode(span, false)
                 .map_err(|e| format!("cannot decode its tokens with --model: {e}"))?;
@@ -209,7 +228,9 @@ impl Audit {
                 }
             }
         }
-        Ok(json!({"trajectory": id, "source": "rescanned", "hits": hits}))
+        out["source"] = json!("rescanned");
+        out["hits"] = json!(hits);
+        Ok(out)
     }
 
     /// Scans one generation's text as the proxy does: its content's command blocks and each tool call.

@@ -186,6 +186,19 @@ fn exported_trajectories_are_rescanned_with_a_model_or_show_their_recorded_hits(
     let line: Value = serde_json::from_slice(out.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
     assert_eq!(line["source"], "rescanned");
     assert_eq!(line["trajectory"]["interaction_id"], "i-1");
+    // A rollouts.jsonl line holds a rollout's trajectories: one output line for all of them.
+    let trajectories: Vec<Value> = input.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let record = json!({"key": "0:1:0", "stream": "swe", "trajectories": trajectories});
+    for (args, rules_found) in [
+        (vec![], ids(&["git-fetch"])),
+        (vec!["--model", &model], ids(&["git-fetch", "git-reflog"])),
+    ] {
+        let out = check(&args, format!("{record}\n").as_bytes());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(rules(&out), [(1, rules_found)]);
+        let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(line["record"], json!({"key": "0:1:0", "stream": "swe"}));
+    }
 }
 
 /// The example in docs/integrity-guard.md prints what the binary prints.

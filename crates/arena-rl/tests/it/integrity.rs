@@ -159,5 +159,30 @@ async fn each_streams_policy_is_applied_to_its_hits_down_to_reward_metrics_and_a
     }
     assert_eq!(audited["sh-responses"], ["git-log-all-refs", "git-log-all-refs"]);
     assert_eq!(audited["sh-chat"].len(), 6, "{audited:?}");
+
+    // `arena-rl guard check` on the run's rollouts.jsonl decodes what the policy sampled and finds, with
+    // the built-in rules, what the proxy found (the Responses rows' base commit travels in the metadata).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_arena-rl"))
+        .args(["guard", "check", "--model"])
+        .arg(&model)
+        .stdin(std::fs::File::open(summary.run_dir.join("rollouts.jsonl")).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let rules: std::collections::BTreeSet<&str> = v["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["rule"].as_str().unwrap())
+            .collect();
+        let expected = match v["record"]["stream"].as_str().unwrap() {
+            // Rejected samples keep no trajectories in rollouts.jsonl.
+            "sh-responses" => vec![],
+            _ => vec!["git-fetch", "git-log-all-refs", "git-object-by-hash"],
+        };
+        assert_eq!(rules.into_iter().collect::<Vec<_>>(), expected, "{v}");
+    }
     assert_eq!(sim.counters().live_routes, 0);
 }
