@@ -57,6 +57,11 @@ pub(crate) fn prepare_all() -> Result<Vec<(String, String)>> {
         "ARENA_RL_PY_READERS".into(),
         readers.python().display().to_string(),
     ));
+    let trackers = python::trackers_venv(&cache)?;
+    env.push((
+        "ARENA_RL_PY_TRACKERS".into(),
+        trackers.python().display().to_string(),
+    ));
     let smol = smollm2::prepare(&cache, &torch)?;
     env.push(("ARENA_RL_SMOLLM2".into(), smol.display().to_string()));
     let node_bin = npm::prepare(&cache)?;

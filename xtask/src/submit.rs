@@ -166,9 +166,18 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
+/// The experiment trackers' credentials: like Arena's, they reach the jobs only through the credentials file.
+/// The trackers' other settings (`WANDB_MODE`, `WANDB_DIR`, `WANDB_PROJECT`, `MLFLOW_TRACKING_URI`, ...) travel
+/// by name in the job's environment (`--export=ALL`), never written into the rendered scripts.
+const TRACKER_CREDENTIALS: [&str; 3] = [
+    "WANDB_API_KEY",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_PASSWORD",
+];
+
 /// Submits the controller and returns its job id.
 ///
-/// The child's environment drops the credentials (only the credentials file carries them), the variables
+/// The child's environment drops the credentials, the trackers' too (only the credentials file carries them), the variables
 /// that would shadow the controller's directives, and the `SLURM_*` settings of any allocation this runs in.
 fn sbatch(controller: &Path, env: &Env) -> Result<String> {
     let mut cmd = Command::new("sbatch");
@@ -176,6 +185,7 @@ fn sbatch(controller: &Path, env: &Env) -> Result<String> {
     for (name, _) in env.iter() {
         let shadow = CONTROLLER_SHADOWS.contains(&name)
             || validate::CREDENTIALS[1..].contains(&name)
+            || TRACKER_CREDENTIALS.contains(&name)
             || (name.starts_with("SLURM_") && name != "SLURM_CONF");
         if shadow {
             cmd.env_remove(name);

@@ -10,6 +10,7 @@
 
 pub mod curve;
 pub mod tfevents;
+pub mod trackers;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -87,6 +88,9 @@ pub struct MetricsSink {
     tensorboard: Option<EventWriter>,
     rewards: Vec<(u64, f64)>,
     eval_rewards: Vec<(u64, f64)>,
+    trackers: Option<trackers::Trackers>,
+    /// Steps written but not yet handed to the trackers (see [`MetricsSink::durable_through`]).
+    pending: Vec<(u64, Vec<(String, f64)>)>,
 }
 
 impl MetricsSink {
@@ -118,6 +122,8 @@ impl MetricsSink {
             tensorboard,
             rewards: Vec::new(),
             eval_rewards: Vec::new(),
+            trackers: None,
+            pending: Vec::new(),
         };
         sink.load_history();
         Ok(sink)
@@ -141,6 +147,37 @@ impl MetricsSink {
                 self.eval_rewards.retain(|(s, _)| *s != step);
                 self.eval_rewards.push((step, r));
             }
+        }
+    }
+
+    /// Feeds `trackers` too: each step once [`MetricsSink::durable_through`] says a resumed run will not train
+    /// it again.
+    pub fn with_trackers(mut self, trackers: Option<trackers::Trackers>) -> Self {
+        self.trackers = trackers;
+        self
+    }
+
+    /// Hands the trackers every written step up to `step`: a kill from now on resumes after it, so no tracker
+    /// sees a step twice.
+    pub fn durable_through(&mut self, step: u64) {
+        let Some(trackers) = &self.trackers else {
+            return;
+        };
+        let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(s, _)| *s <= step);
+        self.pending = later;
+        for (s, means) in ready {
+            trackers.step(s, &means);
+        }
+    }
+
+    /// Ends the trackers: every pending step, the reward curve and `summary`, waiting (bounded) for each to
+    /// send what it holds.
+    pub async fn close_trackers(&mut self, curve: Option<&Path>, summary: &Value) {
+        self.durable_through(u64::MAX);
+        if let Some(trackers) = self.trackers.take() {
+            trackers.finish(curve, summary).await;
         }
     }
 
@@ -169,6 +206,9 @@ impl MetricsSink {
             text.push('\n');
             f.write_all(text.as_bytes())
                 .context("cannot append to metrics.jsonl")?;
+        }
+        if self.trackers.is_some() {
+            self.pending.push((step, means.clone()));
         }
         if let Some(tb) = &mut self.tensorboard {
             let bounded: Vec<(String, f64)> = means.into_iter().filter(|(k, _)| !per_row(k)).collect();

@@ -38,6 +38,20 @@ fn save_config(run: &Run) -> Result<()> {
         .context("cannot save the redacted run config")
 }
 
+/// Starts the run's experiment trackers (none when `metrics.trackers` is empty).
+fn start_trackers(run: &Run, resume_at: Option<u64>) -> Result<Option<crate::observe::trackers::Trackers>> {
+    if run.trackers.is_empty() {
+        return Ok(None);
+    }
+    crate::observe::trackers::Trackers::start(
+        &run.trackers,
+        &run.paths.run_dir,
+        &run.paths.metrics,
+        resume_at,
+    )
+    .map(Some)
+}
+
 /// Closes the session-gateway registry, deleting its routes; failures are logged.
 async fn finish(run: &Run) {
     match run.workflow.close().await {

@@ -56,8 +56,9 @@ pub use redact::{
 pub use schema::{
     ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
     GenerationConfig, GuardSection, HarnessSampling, IntegrityPolicy, KlEstimator, LossAggMode,
-    LrSchedulerType, MetricsSection, ModelEngine, ModelSection, NormConfig, NormLevel, ProxySection,
-    ReasoningParser, RolloutSection, RunConfig, Seconds, StreamGuard, ToolCallParser,
+    LrSchedulerType, MetricsSection, MlflowSection, ModelEngine, ModelSection, NormConfig, NormLevel,
+    ProxySection, ReasoningParser, RolloutSection, RunConfig, Seconds, StreamGuard, ToolCallParser, Tracker,
+    WandbMode, WandbSection,
 };
 pub use stream::{
     ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, load_stream_configs,

@@ -8,6 +8,7 @@ mod guard;
 pub(crate) mod lenient_json;
 mod runtime;
 mod seconds;
+mod trackers;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +19,7 @@ pub use runtime::{
     RolloutSection, ToolCallParser,
 };
 pub use seconds::Seconds;
+pub use trackers::{MlflowSection, Tracker, WandbMode, WandbSection};
 
 use crate::env::Env;
 use crate::error::{Collector, Problem};
@@ -595,6 +597,14 @@ impl RunConfig {
         self.model.validate(&root.key("model"), &mut c);
         self.checkpoint.validate(&root.key("checkpoint"), &mut c);
         self.guard.validate(&root.key("guard"), &mut c);
+        trackers::validate(
+            &self.metrics.trackers,
+            &self.metrics.wandb,
+            &self.metrics.mlflow,
+            &root.key("metrics"),
+            env,
+            &mut c,
+        );
 
         self.econfig
             .validate(&root.key("econfig"), self.train_dataset.batch_size, &mut c);

@@ -635,6 +635,8 @@ fn rendered_scripts_are_valid_bash_and_hold_no_credential() {
         ("ARENA_OPENAPI_TOKEN", Some("tok-0f9e8d7c6b5a")),
         ("ARENA_LLM_API_KEY", Some("llm-1a2b3c4d5e6f")),
         ("SWE_RL_ADMIN_API_KEY", Some("adm-9z8y7x6w5v4u")),
+        ("WANDB_API_KEY", Some("wandb-key-5e6f7a8b9c0d")),
+        ("MLFLOW_TRACKING_TOKEN", Some("mlflow-token-1f2e3d4c")),
     ];
     for (profile, extra) in [
         (Profile::Local, None),

@@ -66,6 +66,20 @@ pub struct RunSummary {
     pub cleaned: (usize, usize),
 }
 
+impl RunSummary {
+    /// What the experiment trackers record as the run's summary.
+    pub fn to_tracker_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "steps_trained": self.steps_trained,
+            "resumed_at": self.resumed_at,
+            "final_reward": self.rewards.last().map(|(_, r)| *r),
+            "accepted_groups": self.accepted_groups,
+            "rejected_groups": self.rejected_groups,
+            "checkpoint": self.checkpoint.as_ref().map(|p| p.display().to_string()),
+        })
+    }
+}
+
 impl Run {
     /// Total training steps: `actor.total_train_steps`, else one pass over the rows.
     pub fn total_steps(&self) -> u64 {

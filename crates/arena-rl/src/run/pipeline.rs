@@ -27,6 +27,7 @@ use super::{Collected, Plugins, Run, RunSummary, finish, save_config, setup};
 use crate::error::{Context as _, Result};
 use crate::journal::{Entry, RolloutRecord, SampleKey};
 use crate::observe::{MetricsSink, StepMetrics, phase_bar};
+use crate::run::start_trackers;
 use crate::train::{FrozenPolicy, TrainStep, build_batch};
 
 /// Sets the run up and trains it; the run's routes are closed whatever happens.
@@ -168,7 +169,8 @@ impl Trainer {
             config.metrics.jsonl,
             config.metrics.tensorboard,
             Some(self.resumed_at),
-        )?;
+        )?
+        .with_trackers(start_trackers(&self.run, Some(self.resumed_at))?);
         let (trained_tx, trained_rx) = watch::channel(self.resumed_at);
         let (producer, mut rx) = self.spawn_producer(trained_rx);
         let filter = DynamicFilter::new();
@@ -180,7 +182,11 @@ impl Trainer {
             // Metrics before the checkpoint: a kill between the two resumes at the earlier checkpoint, which
             // forgets this step's line and writes it again, so every step's metrics appear exactly once.
             sink.write_step(k, &metrics)?;
-            self.maybe_checkpoint(k).await?;
+            // Trackers see a step once no resume can train it again: at its checkpoint, or at once when the
+            // run keeps none (it then starts over).
+            if self.maybe_checkpoint(k).await? || config.checkpoint.save_every == 0 {
+                sink.durable_through(k);
+            }
             self.run.workflow.journal.append(&Entry::Step {
                 step: k,
                 version: self.version,
@@ -196,7 +202,7 @@ impl Trainer {
         } else {
             None
         };
-        Ok(RunSummary {
+        let summary = RunSummary {
             run_dir: paths.run_dir.clone(),
             steps_trained: self.trained,
             resumed_at: self.resumed_at,
@@ -207,7 +213,10 @@ impl Trainer {
             rejected_groups: self.rejected,
             accepted_groups: self.accepted_total,
             cleaned: self.run.cleaned,
-        })
+        };
+        sink.close_trackers(summary.reward_curve.as_deref(), &summary.to_tracker_json())
+            .await;
+        Ok(summary)
     }
 
     /// Trains one collected step: judge its groups, train on the accepted ones, publish the new weights and
@@ -300,11 +309,12 @@ impl Trainer {
     }
 
     /// Writes the checkpoint of step `k` when `checkpoint.save_every` (or the last step) asks for one.
-    async fn maybe_checkpoint(&mut self, k: u64) -> Result<()> {
+    /// Saves a checkpoint after step `k` when one is due; returns whether it did.
+    async fn maybe_checkpoint(&mut self, k: u64) -> Result<bool> {
         let config = &self.run.config;
         let every = config.checkpoint.save_every;
         if every == 0 || (!(k + 1).is_multiple_of(every) && k + 1 != self.total) {
-            return Ok(());
+            return Ok(false);
         }
         // A new journal segment carries what a run resumed from this checkpoint needs (the rollouts and draws
         // of step k + 1 on: step k and its evaluation are done); the older ones are retired once the
@@ -336,7 +346,7 @@ impl Trainer {
             .workflow
             .journal
             .retire_before(needed, config.rollout.journal_keep_retired)?;
-        Ok(())
+        Ok(true)
     }
 
     /// Evaluates the policy every `eval_every` steps, adding `eval-rollout/` metrics to the step's.

@@ -12,6 +12,7 @@ use super::{Collected, Run, RunSummary, finish, save_config, setup};
 use crate::error::{Context as _, Result};
 use crate::journal::SampleKey;
 use crate::observe::{MetricsSink, StepMetrics};
+use crate::run::start_trackers;
 
 /// Sets the run up, writes `rollouts.jsonl`, and closes the run's routes.
 pub async fn rollout_only(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -> Result<RunSummary> {
@@ -37,7 +38,8 @@ async fn rollout_inner(run: &Run) -> Result<RunSummary> {
         config.metrics.jsonl,
         config.metrics.tensorboard,
         None,
-    )?;
+    )?
+    .with_trackers(start_trackers(run, None)?);
     let filter = DynamicFilter::new();
     let mut rejected = BTreeMap::new();
     let mut accepted_total = 0;
@@ -61,6 +63,7 @@ async fn rollout_inner(run: &Run) -> Result<RunSummary> {
         }
         write_lines(&mut out, &collected, &adv_of).context("cannot write rollouts.jsonl")?;
         sink.write_step(k, &metrics)?;
+        sink.durable_through(k);
     }
     out.sync_all()
         .with_context(|| format!("cannot sync {}", out_path.display()))?;
@@ -70,7 +73,7 @@ async fn rollout_inner(run: &Run) -> Result<RunSummary> {
     } else {
         None
     };
-    Ok(RunSummary {
+    let summary = RunSummary {
         run_dir: paths.run_dir.clone(),
         steps_trained: 0,
         resumed_at: 0,
@@ -81,7 +84,10 @@ async fn rollout_inner(run: &Run) -> Result<RunSummary> {
         rejected_groups: rejected,
         accepted_groups: accepted_total,
         cleaned: run.cleaned,
-    })
+    };
+    sink.close_trackers(summary.reward_curve.as_deref(), &summary.to_tracker_json())
+        .await;
+    Ok(summary)
 }
 
 /// One line per finished rollout of the step.

@@ -96,6 +96,8 @@ pub struct Run {
     /// Every secret the run knows (its credentials from the environment, the proxy's admin and gateway keys,
     /// every Stream's `task_envs` values), redacted by value from whatever the run saves.
     pub secrets: stream_config::Secrets,
+    /// The experiment trackers the metrics go to (`metrics.trackers`), with the redacted config they record.
+    pub trackers: crate::observe::trackers::TrackerSettings,
 }
 
 /// `model.path`, which must be a directory.
@@ -233,6 +235,8 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
             .filter(long)
             .for_each(|v| secrets.add(v));
     }
+    let trackers =
+        crate::observe::trackers::TrackerSettings::resolve(&config, env, &secrets, &paths.run_dir)?;
     let token_state = proxy.state.clone();
     let workflow = Arc::new(Workflow {
         client,
@@ -273,6 +277,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         reward,
         cleaned,
         secrets,
+        trackers,
     })
 }
 

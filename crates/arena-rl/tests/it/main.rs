@@ -15,3 +15,4 @@ mod quickstart;
 mod serve_policy;
 mod smollm2;
 mod support;
+mod trackers;

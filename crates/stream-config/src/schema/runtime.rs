@@ -267,6 +267,13 @@ pub struct MetricsSection {
     pub progress: bool,
     /// Directory of metric files; empty means `<run dir>/metrics`.
     pub dir: String,
+    /// Experiment trackers fed each step, the run config and the reward curve: `wandb`, `mlflow` (none by
+    /// default). A tracker that fails never stops the run; its records stay in `metrics.jsonl`.
+    pub trackers: Vec<super::trackers::Tracker>,
+    /// Weights & Biases settings (used when `trackers` lists `wandb`).
+    pub wandb: super::trackers::WandbSection,
+    /// MLflow settings (used when `trackers` lists `mlflow`).
+    pub mlflow: super::trackers::MlflowSection,
 }
 
 impl Default for MetricsSection {
@@ -277,6 +284,9 @@ impl Default for MetricsSection {
             reward_curve: true,
             progress: true,
             dir: String::new(),
+            trackers: Vec::new(),
+            wandb: Default::default(),
+            mlflow: Default::default(),
         }
     }
 }

@@ -726,3 +726,52 @@ fn saved_configs_withhold_secrets_by_place_and_by_value() {
     );
     assert_eq!(streams[0].task_envs["GITHUB_PAT"], "<redacted>");
 }
+
+fn yaml_problems(yaml: &str, env: &Env) -> Vec<String> {
+    let all = ["experiment_name=e".to_string(), "trial_name=t".to_string()];
+    match crate::load_run_config_str("run.yaml", yaml, &all, env) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.problems().iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn trackers_load_from_yaml_and_report_every_problem_without_credentials() {
+    let ok = "metrics:\n  trackers: [wandb, mlflow]\n  wandb: {project: p, tags: [a], mode: offline}\n  mlflow: {tracking_uri: 'http://127.0.0.1:5000', tags: {team: rl}}\n";
+    assert_eq!(yaml_problems(ok, &Env::default()), Vec::<String>::new());
+    let config = crate::load_run_config_str(
+        "run.yaml",
+        ok,
+        &["experiment_name=e".into(), "trial_name=t".into()],
+        &Env::default(),
+    )
+    .expect("valid");
+    assert_eq!(config.metrics.trackers, [Tracker::Wandb, Tracker::Mlflow]);
+    assert_eq!(config.metrics.wandb.mode, Some(WandbMode::Offline));
+    // The URI may come from the environment instead.
+    let env = Env::from_pairs([("MLFLOW_TRACKING_URI", "https://mlflow.example")]);
+    assert_eq!(
+        yaml_problems("metrics: {trackers: [mlflow]}", &env),
+        Vec::<String>::new()
+    );
+
+    let bad = "metrics:\n  trackers: [wandb, wandb, mlflow]\n  wandb: {project: 'a/b', tags: [''], queue: 0}\n  mlflow: {tracking_uri: 'https://user:hunter2-password@mlflow.example', queue: 0}\n";
+    let problems = yaml_problems(bad, &Env::default());
+    assert!(!problems.join("\n").contains("hunter2"), "{problems:?}");
+    insta::assert_snapshot!(problems.join("\n"), @r#"
+    run.yaml:2:3: metrics.trackers: lists "wandb" twice
+    run.yaml:3:11: metrics.wandb.project: "a/b" must not contain / \ # ? % or :
+    run.yaml:3:27: metrics.wandb.tags: tag 0 must be 1 to 64 characters, got ""
+    run.yaml:3:39: metrics.wandb.queue: must be >= 1, got 0
+    run.yaml:4:74: metrics.mlflow.queue: must be >= 1, got 0
+    run.yaml:4:12: metrics.mlflow.tracking_uri: must not hold a user or password: set MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD
+    "#);
+    let env = Env::from_pairs([("WANDB_MODE", "sometimes")]);
+    insta::assert_snapshot!(yaml_problems("metrics: {trackers: [mlflow, wandb]}", &env).join("\n"), @r#"
+    run.yaml:1:1: metrics.wandb.mode: is unset and WANDB_MODE is "sometimes"; set metrics.wandb.mode to online or offline
+    run.yaml:1:1: metrics.mlflow.tracking_uri: is required when metrics.trackers lists mlflow (or set MLFLOW_TRACKING_URI)
+    "#);
+    insta::assert_snapshot!(yaml_problems("metrics: {trackers: [comet]}", &Env::default()).join("\n"), @r#"
+    run.yaml:1:22: metrics.trackers[0]: unknown variant: found `comet`, expected ``wandb` or `mlflow``
+    "#);
+}

@@ -1,0 +1,79 @@
+"""arena-rl's Weights & Biases sidecar: logs a run through the official `wandb` SDK.
+
+arena-rl starts it as `python -u wandb_sidecar.py STEP_FILE` and writes one JSON object per line to its stdin:
+
+  {"type": "init", "id": ..., "project": ..., "entity": ..., "name": ..., "group": ..., "tags": [...],
+   "mode": "online" | "offline", "dir": ..., "config": {...}}
+  {"type": "log", "step": 3, "metrics": {"rollout/reward": 0.5, ...}}
+  {"type": "image", "key": "reward_curve", "path": "/.../reward_curve.png"}
+  {"type": "summary", "summary": {...}}
+  {"type": "finish"}
+
+Each logged step's number is written to STEP_FILE (through a rename) once `wandb` took it, so that a resumed
+arena-rl run replays only the steps W&B never got.
+The run is resumed by id (`resume="allow"`), so a resumed arena-rl run continues the same W&B run.
+When stdin closes without "finish" (arena-rl was killed), the run is finished with exit code 1, which flushes
+what was logged.
+Credentials come only from the environment (`WANDB_API_KEY`); nothing here prints or stores one.
+"""
+
+import json
+import os
+import sys
+
+
+def write_step(path, step):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(step))
+    os.replace(tmp, path)
+
+
+def main():
+    step_file = sys.argv[1]
+    import wandb
+
+    run = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        kind = msg["type"]
+        if kind == "init":
+            settings = wandb.Settings(
+                console="off",
+                silent=True,
+                x_disable_stats=True,
+                disable_git=True,
+                disable_code=True,
+                save_code=False,
+                x_save_requirements=False,
+            )
+            run = wandb.init(
+                id=msg["id"],
+                resume="allow",
+                project=msg["project"],
+                entity=msg.get("entity") or None,
+                name=msg["name"],
+                group=msg["group"],
+                tags=msg["tags"] or None,
+                mode=msg["mode"],
+                dir=msg["dir"],
+                config=msg["config"],
+                settings=settings,
+            )
+        elif kind == "log":
+            run.log(msg["metrics"], step=msg["step"])
+            write_step(step_file, msg["step"])
+        elif kind == "image":
+            run.summary[msg["key"]] = wandb.Image(msg["path"])
+        elif kind == "summary":
+            run.summary.update(msg["summary"])
+        elif kind == "finish":
+            run.finish()
+            return 0
+    if run is not None:
+        run.finish(exit_code=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
