@@ -71,6 +71,7 @@ fn record(n: u32, t: &ExportedTrajectory) -> RolloutRecord {
         verdict: Verdict::Reward { reward: 0.5 },
         trajectories: vec![t.clone()],
         policy_version: 41,
+        routing: None,
     }
 }
 

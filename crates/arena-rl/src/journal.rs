@@ -107,6 +107,22 @@ pub struct RolloutRecord {
     pub trajectories: Vec<ExportedTrajectory>,
     /// The policy version the session started under.
     pub policy_version: u64,
+    /// What Arena and the reward routing made of the task (absent when no outcome was routed, and in
+    /// journals written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingFacts>,
+}
+
+/// A routed rollout's outcome as an evaluation reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingFacts {
+    /// Arena's terminal status (`DONE`, `HARNESS_FAILED`, ...), when a task finished.
+    pub status: Option<String>,
+    /// `success`, or the reference's failure disposition (`model_failure_zero`, `system_failure_reject`,
+    /// `unknown_failure_reject`).
+    pub disposition: String,
+    /// The reward the routing decided (0 for a model failure), `None` when it rejected the rollout.
+    pub reward: Option<f64>,
 }
 
 /// A finished rollout's audit record, as the journal holds it until a resumed run has checked that the audit

@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod cmd {
+    pub(crate) mod eval;
     pub(crate) mod guard;
     pub(crate) mod model;
     pub(crate) mod preflight;
@@ -63,6 +64,9 @@ enum Command {
     Train(cmd::train::Args),
     /// Collect scored rollouts and export them to JSONL, without training.
     Rollout(cmd::train::Args),
+    /// Evaluate a checkpoint on Arena tasks: pass rates with 95% Wilson intervals, pass@k, a baseline
+    /// comparison, a table, a PNG and per-task JSONL; resumable.
+    Eval(cmd::eval::Args),
     /// Serve the burn policy over SGLang's /generate protocol for a run's rollout.policy_servers.
     ServePolicy(cmd::serve_policy::Args),
 }
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         Command::Streams(command) => cmd::streams::run(command),
         Command::Train(args) => cmd::train::run_train(args),
         Command::Rollout(args) => cmd::train::run_rollout(args),
+        Command::Eval(args) => cmd::eval::run(args),
         Command::ServePolicy(args) => cmd::serve_policy::run(args),
     };
     match result {

@@ -1,7 +1,7 @@
 //! A run from its config, in rooms: [`settings`] maps the config onto each component's own config,
 //! [`setup`](setup()) builds the run (paths, journal and leftover cleanup, Arena client, streams and rows, the
 //! proxy and its engine, routing), [`train`] pipelines the training steps (`pipeline.rs`), [`rollout_only`]
-//! only exports scored rollouts, and `checkpoint.rs` holds the loop's checkpoints and resume checks.
+//! only exports scored rollouts, [`evaluate`] evaluates a checkpoint (`eval.rs`), and `checkpoint.rs` holds the loop's checkpoints and resume checks.
 //!
 //! Setup failures are one line each ([`crate::Error`]): a bad config, an unreachable Arena, every stream
 //! unhealthy, the proxy port taken, a checkpoint from another model. The journal is opened (and a killed
@@ -10,6 +10,7 @@
 
 mod checkpoint;
 mod collect;
+mod eval;
 pub mod leftovers;
 mod pipeline;
 mod rollout_only;
@@ -19,6 +20,7 @@ mod setup;
 
 pub use checkpoint::{CheckpointMeta, latest_checkpoint, model_fingerprint};
 pub use collect::{Collected, RunSummary};
+pub use eval::{EvalEngines, EvalOptions, EvalSummary, checkpoint_model, evaluate};
 pub use pipeline::train;
 pub use rollout_only::rollout_only;
 pub use serving::EngineHandle;

@@ -36,6 +36,8 @@ pub struct Counters {
     pub launches: u64,
     /// Tasks created per session id (or `data:<data_id>` for launches without one).
     pub launches_by_session: BTreeMap<String, u64>,
+    /// Tasks created per `data_id` (an idempotent replay creates none).
+    pub launches_by_data_id: BTreeMap<String, u64>,
     /// Launches answered from an earlier launch with the same `Idempotency-Key`.
     pub idempotent_replays: u64,
     /// Tasks cancelled through the cancel endpoint.

@@ -61,7 +61,7 @@ pub use schema::{
     WandbMode, WandbSection,
 };
 pub use stream::{
-    ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, load_stream_configs,
+    ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, env_key, load_stream_configs,
     load_stream_configs_with_env, parse_stream_config, reward_ref_drift,
 };
 pub use vocab::{

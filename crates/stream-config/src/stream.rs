@@ -80,6 +80,17 @@ impl fmt::Display for ArenaRef {
     }
 }
 
+/// The environment key of a task reference `env:<key>@<version>` (exactly one `@`, both parts nonempty), the
+/// form of an evaluation manifest's ids: `None` for anything else.
+pub fn env_key(data_id: &str) -> Option<&str> {
+    let rest = data_id.strip_prefix("env:")?;
+    let mut parts = rest.split('@');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(key), Some(version), None) if !key.is_empty() && !version.is_empty() => Some(key),
+        _ => None,
+    }
+}
+
 /// A pinned reward ref that the stream's live one no longer matches (reference sections 2.5 and 4.1:
 /// checked at dataset load, by preflight, and before every launch of a pinned stream).
 #[derive(Debug, Clone, PartialEq, Eq)]

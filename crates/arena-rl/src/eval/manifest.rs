@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
+use stream_config::env_key;
 
 use crate::error::{Error, Result};
 use crate::resolve::PromptRow;
@@ -248,16 +249,6 @@ pub fn select_task_indices(data_ids: &[String], selected: &[String]) -> Result<V
         return fail(ABSENT_IDS, absent);
     }
     Ok(selected.iter().map(|id| positions[id.as_str()]).collect())
-}
-
-/// The `<key>` of an `env:<key>@<version>` reference (exactly one `@`, both parts nonempty).
-pub fn env_key(data_id: &str) -> Option<&str> {
-    let rest = data_id.strip_prefix("env:")?;
-    let mut parts = rest.split('@');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(key), Some(version), None) if !key.is_empty() && !version.is_empty() => Some(key),
-        _ => None,
-    }
 }
 
 /// The reference's `select_evaluation_rows`: the Stream's rows matched by environment key, in `selected`'s

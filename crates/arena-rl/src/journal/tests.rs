@@ -23,6 +23,7 @@ fn record(k: SampleKey, reward: f64) -> Entry {
         verdict: Verdict::Reward { reward },
         trajectories: Vec::new(),
         policy_version: 0,
+        routing: None,
     }))
 }
 

@@ -14,7 +14,7 @@ use rollout_proxy::ExportedTrajectory;
 use super::Workflow;
 use super::hooks::{JournalHooks, lifecycle_metrics};
 use crate::error::Result;
-use crate::journal::{AuditEntry, Entry, RolloutRecord, SampleKey, Verdict};
+use crate::journal::{AuditEntry, Entry, RolloutRecord, RoutingFacts, SampleKey, Verdict};
 use crate::proxy_control::Session;
 use crate::resolve::{PromptRow, ResolvedStream};
 use rollout_proxy::control::wire::{EndSessionReply, IntegritySelection};
@@ -49,6 +49,7 @@ impl Workflow {
             },
             trajectories: Vec::new(),
             policy_version: version,
+            routing: None,
         };
         let (mut metrics, audit) = self.sample_inner(&mut record, row, scope).await?;
         // The audit record goes into the journal with the rollout and only then to the audit shards: a kill
@@ -124,6 +125,7 @@ impl Workflow {
             scope,
         };
         let routed = route_outcome(&episode, &stream.rule);
+        record.routing = Some(routing_facts(&report, &routed));
         metrics.extend(routed.metrics.iter().cloned());
         let (after_export, findings) = self.finish_sample(record, &session, &routed, &mut metrics).await;
         let audit = routed.audit_now().cloned().or(after_export);
@@ -290,5 +292,23 @@ fn task_outcome(result: &TaskResult) -> TaskOutcome {
         artifacts_uri: result.artifacts_uri.clone(),
         trace_id: result.trace_id.clone(),
         computed_at: result.computed_at.clone(),
+    }
+}
+
+/// The task's terminal status, the routing's disposition and its reward, for evaluation reports.
+fn routing_facts(report: &RolloutReport, routed: &Routed) -> RoutingFacts {
+    let status = match &report.result {
+        Ok(result) => Some(result.status.to_string()),
+        Err(e) => e.task_failed().map(|failed| failed.result.status.to_string()),
+    };
+    let disposition = match &routed.decision {
+        Decision::Train(_) => "success",
+        Decision::ZeroReward => routed.disposition.map_or("model_failure_zero", |d| d.as_str()),
+        Decision::Reject(reason) => routed.disposition.unwrap_or(reason.disposition()).as_str(),
+    };
+    RoutingFacts {
+        status,
+        disposition: disposition.to_string(),
+        reward: routed.decision.reward(),
     }
 }

@@ -2,6 +2,7 @@
 
 mod config;
 mod errors;
+mod eval;
 mod grpo;
 mod guard;
 mod integrity;

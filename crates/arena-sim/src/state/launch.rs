@@ -41,7 +41,8 @@ pub(crate) enum LaunchRefused {
     UnknownStream,
     /// The stream's status is not `ACTIVE`.
     StreamNotActive,
-    /// The `data_id` is not a row of the stream's dataset.
+    /// The `data_id` is not a row of the stream's dataset (an `env:<key>@<version>` id matches a row of the
+    /// same environment key in any version).
     UnknownRow,
     /// A launch through the gateway with an `api_key` that is not the gateway's LLM key.
     WrongGatewayKey,
@@ -130,6 +131,14 @@ impl ArenaState {
             .rows
             .iter()
             .find(|r| r.data_id == request.data_id)
+            .or_else(|| {
+                // A pinned version of an environment runs like the row of the same key the stream lists.
+                let key = stream_config::env_key(&request.data_id)?;
+                stream
+                    .rows
+                    .iter()
+                    .find(|r| stream_config::env_key(&r.data_id) == Some(key))
+            })
             .ok_or(LaunchRefused::UnknownRow)?;
         let checked = Checked {
             tags: row.tags.clone(),
@@ -175,6 +184,11 @@ impl ArenaState {
             .clone()
             .unwrap_or_else(|| format!("data:{}", request.data_id));
         *self.counters.launches_by_session.entry(who).or_default() += 1;
+        *self
+            .counters
+            .launches_by_data_id
+            .entry(request.data_id.clone())
+            .or_default() += 1;
     }
 }
 

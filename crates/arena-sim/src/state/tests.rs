@@ -223,3 +223,24 @@ fn a_cancel_ends_a_running_task_once() {
     );
     assert_eq!(state.cancel("t/99"), None);
 }
+
+#[test]
+fn a_pinned_env_version_runs_as_the_listed_row_of_its_key() {
+    let mut w = world();
+    w.streams[0] = StreamDef::new("s")
+        .harness("claude-sim", "1")
+        .row("env:a@new", &["domain:min"])
+        .row("plain", &[]);
+    let mut state = ArenaState::new(&w);
+    let (launched, ctx) = launch(&mut state, "s", &request("env:a@old", GATEWAY, None), None);
+    started_id(launched);
+    assert_eq!(ctx.expect("started").tags, json!(["domain:min"]));
+    assert_eq!(state.counters.launches_by_data_id["env:a@old"], 1);
+    for unknown in ["env:b@new", "env:a", "a@new"] {
+        let (refused, _) = launch(&mut state, "s", &request(unknown, GATEWAY, None), None);
+        assert!(
+            matches!(refused, Err(LaunchRefused::UnknownRow)),
+            "{unknown}: {refused:?}"
+        );
+    }
+}

@@ -52,6 +52,7 @@ fn replay() -> JournalState {
             verdict: Verdict::Dropped { reason: "x".into() },
             trajectories: Vec::new(),
             policy_version: 0,
+            routing: None,
         })))
         .unwrap();
     drop(journal);
