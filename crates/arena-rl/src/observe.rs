@@ -89,6 +89,8 @@ pub struct MetricsSink {
     rewards: Vec<(u64, f64)>,
     eval_rewards: Vec<(u64, f64)>,
     trackers: Option<trackers::Trackers>,
+    /// Whether steps wait for [`MetricsSink::durable_through`] before reaching the trackers.
+    trackers_at_checkpoint: bool,
     /// Steps written but not yet handed to the trackers (see [`MetricsSink::durable_through`]).
     pending: Vec<(u64, Vec<(String, f64)>)>,
 }
@@ -123,6 +125,7 @@ impl MetricsSink {
             rewards: Vec::new(),
             eval_rewards: Vec::new(),
             trackers: None,
+            trackers_at_checkpoint: false,
             pending: Vec::new(),
         };
         sink.load_history();
@@ -150,10 +153,11 @@ impl MetricsSink {
         }
     }
 
-    /// Feeds `trackers` too: each step once [`MetricsSink::durable_through`] says a resumed run will not train
-    /// it again.
-    pub fn with_trackers(mut self, trackers: Option<trackers::Trackers>) -> Self {
+    /// Feeds `trackers` too: each step as it is written, or with `at_checkpoint` once
+    /// [`MetricsSink::durable_through`] says a resumed run will not train it again (`metrics.trackers_at_checkpoint`).
+    pub fn with_trackers(mut self, trackers: Option<trackers::Trackers>, at_checkpoint: bool) -> Self {
         self.trackers = trackers;
+        self.trackers_at_checkpoint = at_checkpoint;
         self
     }
 
@@ -209,6 +213,9 @@ impl MetricsSink {
         }
         if self.trackers.is_some() {
             self.pending.push((step, means.clone()));
+            if !self.trackers_at_checkpoint {
+                self.durable_through(step);
+            }
         }
         if let Some(tb) = &mut self.tensorboard {
             let bounded: Vec<(String, f64)> = means.into_iter().filter(|(k, _)| !per_row(k)).collect();

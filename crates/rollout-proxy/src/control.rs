@@ -286,6 +286,7 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
         discount: request.discount,
         drop_retry_orphans: request.drop_retry_orphans,
         final_reward: request.final_reward,
+        max_amplification: state.shared().config.limits.max_export_amplification,
     };
     let mut ended = state.store().ended_watch(&id)?;
     if !*ended.borrow() {
@@ -306,10 +307,17 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
         .rewards(&id, &options)
         .map_err(|m| ApiError::invalid(m).with_param("discount"))?;
     let session = state.take_session(&id)?;
-    let trajectories = session
+    let (trajectories, branches_dropped) = session
         .trajectory
-        .export(&session.id, &session.metadata, &options)
+        .export_counting(&session.id, &session.metadata, &options)
         .map_err(|m| ApiError::invalid(m).with_param("discount"))?;
+    if branches_dropped > 0 {
+        tracing::warn!(
+            session = &*session.id,
+            branches_dropped,
+            "a concat export left out older branches past its token bound"
+        );
+    }
     Metrics::add(&state.shared().metrics.sessions_exported, 1);
     let exported = ExportedSession {
         session_id: session.id.to_string(),
@@ -321,6 +329,7 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
         interaction_count: session.trajectory.len(),
         integrity_hits: session.integrity_hits.clone(),
         trajectories,
+        branches_dropped,
     };
     Ok(axum::Json(exported).into_response())
 }

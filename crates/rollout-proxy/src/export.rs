@@ -77,6 +77,9 @@ pub struct ExportOptions {
     pub drop_retry_orphans: bool,
     /// Overrides the newest interaction's reward before discounting.
     pub final_reward: Option<f64>,
+    /// A `concat` export writes at most this many times the tokens the session stored (see
+    /// [`crate::SessionLimits::max_export_amplification`]).
+    pub max_amplification: u32,
 }
 
 impl Default for ExportOptions {
@@ -86,6 +89,7 @@ impl Default for ExportOptions {
             discount: 1.0,
             drop_retry_orphans: false,
             final_reward: None,
+            max_amplification: 4,
         }
     }
 }
@@ -112,6 +116,14 @@ pub struct ExportedSession {
     pub integrity_hits: BTreeMap<String, u64>,
     /// The trajectories, oldest first.
     pub trajectories: Vec<ExportedTrajectory>,
+    /// Leaves a `concat` export left out, oldest first, because writing each branch's shared prefix again
+    /// would pass the export's bound on tokens; absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub branches_dropped: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One token-exact trajectory.

@@ -52,6 +52,10 @@ pub struct SessionLimits {
     pub max_request_bytes_per_session: usize,
     /// The same across all sessions; past it 503.
     pub max_request_bytes: usize,
+    /// A `concat` export writes each leaf's whole chain, so a tree of many branches off one long turn
+    /// would repeat that turn once per branch: an export writes at most this many times the tokens the
+    /// session stored, keeping the newest leaves and leaving out older ones past it (at least 1).
+    pub max_export_amplification: u32,
 }
 
 impl Default for SessionLimits {
@@ -67,6 +71,7 @@ impl Default for SessionLimits {
             max_response_bytes: 2 * 1024 * 1024 * 1024,
             max_request_bytes_per_session: 256 * 1024 * 1024,
             max_request_bytes: 1024 * 1024 * 1024,
+            max_export_amplification: 4,
         }
     }
 }

@@ -213,12 +213,26 @@ impl Trajectory {
 
     /// Builds the export of this trajectory; fails, naming the interaction, when a discounted reward is
     /// not finite (each input is finite, but `r_i + discount * r_{i+1}` can overflow).
+    #[cfg(test)]
     pub(crate) fn export(
         &self,
         session_id: &str,
         metadata: &Value,
         options: &ExportOptions,
     ) -> Result<Vec<ExportedTrajectory>, String> {
+        self.export_counting(session_id, metadata, options)
+            .map(|(t, _)| t)
+    }
+
+    /// [`Trajectory::export`], with the number of leaves a `concat` export left out: it writes at most
+    /// `options.max_amplification` times the tokens the kept interactions store, newest leaves first (the
+    /// newest always), so branches off one long turn cannot repeat it without bound.
+    pub(crate) fn export_counting(
+        &self,
+        session_id: &str,
+        metadata: &Value,
+        options: &ExportOptions,
+    ) -> Result<(Vec<ExportedTrajectory>, usize), String> {
         let (kept, discounted, original) = self.rewards(session_id, options)?;
         let n = self.interactions.len();
         let mut live_children = vec![0u32; n];
@@ -227,9 +241,35 @@ impl Trajectory {
                 live_children[p as usize] += 1;
             }
         }
-        Ok(kept
+        let mut chosen: Vec<usize> = kept
             .iter()
-            .filter(|&&i| options.style == ExportStyle::Individual || live_children[i] == 0)
+            .copied()
+            .filter(|&i| options.style == ExportStyle::Individual || live_children[i] == 0)
+            .collect();
+        let mut dropped = 0;
+        if options.style == ExportStyle::Concat {
+            let stored: u64 = kept.iter().map(|&i| self.interactions[i].stored_tokens()).sum();
+            let bound = stored.saturating_mul(u64::from(options.max_amplification.max(1)));
+            let mut written = 0u64;
+            let mut keep = vec![false; chosen.len()];
+            for (j, &leaf) in chosen.iter().enumerate().rev() {
+                let tokens: u64 = self
+                    .lineage(leaf as u32)
+                    .iter()
+                    .map(|&i| self.interactions[i as usize].stored_tokens())
+                    .sum();
+                if written == 0 || written + tokens <= bound {
+                    written += tokens;
+                    keep[j] = true;
+                } else {
+                    dropped += 1;
+                }
+            }
+            let mut flags = keep.into_iter();
+            chosen.retain(|_| flags.next().unwrap_or(false));
+        }
+        let trajectories = chosen
+            .iter()
             .map(|&i| {
                 self.build(
                     i as u32,
@@ -240,7 +280,8 @@ impl Trajectory {
                     original[i],
                 )
             })
-            .collect())
+            .collect();
+        Ok((trajectories, dropped))
     }
 
     /// The interactions an export keeps (oldest first) and every interaction's discounted and original

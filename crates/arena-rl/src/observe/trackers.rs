@@ -5,8 +5,9 @@
 //! queue cannot take is counted and reported at the end (it is in `metrics.jsonl` either way). A tracker that
 //! fails logs one warning and the run goes on.
 //!
-//! The metrics sink hands a step to the trackers once the checkpoint that covers it is saved, so a resumed run
-//! never shows a tracker a step twice; each tracker keeps its run id and the last step it took in the run's
+//! The metrics sink hands a step to the trackers as it is written, or with `metrics.trackers_at_checkpoint`
+//! once the checkpoint that covers it is saved (then a resumed run's trackers hold exactly `metrics.jsonl`);
+//! a tracker never takes a step twice: each tracker keeps its run id and the last step it took in the run's
 //! `trackers/` folder, and a resumed run continues that run and replays from `metrics.jsonl` the steps it
 //! missed. Every tracker gets the run config redacted by stream-config's [`stream_config::redact`].
 

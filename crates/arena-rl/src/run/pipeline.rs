@@ -170,7 +170,10 @@ impl Trainer {
             config.metrics.tensorboard,
             Some(self.resumed_at),
         )?
-        .with_trackers(start_trackers(&self.run, Some(self.resumed_at))?);
+        .with_trackers(
+            start_trackers(&self.run, Some(self.resumed_at))?,
+            config.metrics.trackers_at_checkpoint,
+        );
         let (trained_tx, trained_rx) = watch::channel(self.resumed_at);
         let (producer, mut rx) = self.spawn_producer(trained_rx);
         let filter = DynamicFilter::new();

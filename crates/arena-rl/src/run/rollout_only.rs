@@ -39,7 +39,7 @@ async fn rollout_inner(run: &Run) -> Result<RunSummary> {
         config.metrics.tensorboard,
         None,
     )?
-    .with_trackers(start_trackers(run, None)?);
+    .with_trackers(start_trackers(run, None)?, false);
     let filter = DynamicFilter::new();
     let mut rejected = BTreeMap::new();
     let mut accepted_total = 0;

@@ -228,7 +228,7 @@ async fn mlflow_and_wandb_get_every_step_the_config_and_no_secret_across_a_kill_
     let trackers = Trackers::start(&settings, &run_dir, &metrics_dir, None).expect("trackers");
     let mut sink = MetricsSink::open(&metrics_dir, true, false, None)
         .expect("sink")
-        .with_trackers(Some(trackers));
+        .with_trackers(Some(trackers), true);
     for k in 0..=3 {
         sink.write_step(k, &step_metrics(k, 1)).expect("write");
         if k <= 2 {
@@ -256,7 +256,7 @@ async fn mlflow_and_wandb_get_every_step_the_config_and_no_secret_across_a_kill_
     let trackers = Trackers::start(&settings, &run_dir, &metrics_dir, Some(3)).expect("trackers");
     let mut sink = MetricsSink::open(&metrics_dir, true, false, Some(3))
         .expect("sink")
-        .with_trackers(Some(trackers));
+        .with_trackers(Some(trackers), true);
     for k in 3..=5 {
         sink.write_step(k, &step_metrics(k, 2)).expect("write");
         sink.durable_through(k);

@@ -228,3 +228,46 @@ fn discounted_rewards_that_overflow_are_an_error_naming_the_interaction() {
         "a huge discount overflows too"
     );
 }
+
+#[test]
+fn a_concat_export_of_many_branches_writes_at_most_its_bound() {
+    let mut t = Trajectory::default();
+    let long: Vec<u32> = (0..1000).collect();
+    t.push(interaction("root", None, &long, &[7; 10], 1, 2));
+    for b in 0..50u64 {
+        t.push(interaction(
+            &format!("b{b}"),
+            Some(0),
+            &[5; 5],
+            &[6; 5],
+            10 + b,
+            100 + b,
+        ));
+    }
+    let stored: u64 = 1010 + 50 * 10;
+    let options = |max_amplification| ExportOptions {
+        style: ExportStyle::Concat,
+        max_amplification,
+        ..ExportOptions::default()
+    };
+    let (all, dropped) = t
+        .export_counting("s", &json!({}), &options(u32::MAX))
+        .expect("finite");
+    let tokens = |out: &[ExportedTrajectory]| out.iter().map(|x| x.token_ids.len() as u64).sum::<u64>();
+    assert_eq!((all.len(), dropped), (50, 0));
+    assert_eq!(tokens(&all), 50 * 1020, "each branch repeats the long turn");
+    let (bounded, dropped) = t.export_counting("s", &json!({}), &options(4)).expect("finite");
+    assert!(
+        tokens(&bounded) <= 4 * stored,
+        "{} > {}",
+        tokens(&bounded),
+        4 * stored
+    );
+    assert_eq!((bounded.len(), dropped), (5, 45));
+    let ids: Vec<&str> = bounded.iter().map(|x| x.interaction_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["b45", "b46", "b47", "b48", "b49"],
+        "the newest leaves, oldest first"
+    );
+}

@@ -301,3 +301,61 @@ async fn unread_gets_of_a_stored_response_share_it_and_health_is_answered() {
     );
     drop(stalled);
 }
+
+/// 24 branches off one long turn (a client that replays the turn with a different last message each
+/// time). A `concat` export writes each leaf's whole chain, so it repeated the long turn once per branch
+/// (the review: 456 branches of a 17.6k-token turn, 199 MB, +730 MiB); it now writes at most
+/// `max_export_amplification` times the tokens the session stored, the newest branches first, and says
+/// how many it left out.
+#[tokio::test]
+async fn branches_off_one_long_turn_export_within_the_amplification_bound() {
+    let p = Proxy::default().await;
+    let (id, key) = p.session("t").await;
+    let long = "word ".repeat(1000);
+    let ask = |messages: serde_json::Value| serde_json::json!({"messages": messages, "max_tokens": 8});
+    let first = p
+        .chat(&key, ask(serde_json::json!([{"role": "user", "content": long}])))
+        .await;
+    assert_eq!(first.status, http::StatusCode::OK, "{}", first.text);
+    let reply = first.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("a reply")
+        .to_string();
+    for b in 0..24 {
+        let r = p
+            .chat(
+                &key,
+                ask(serde_json::json!([
+                    {"role": "user", "content": long},
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": format!("branch {b}")},
+                ])),
+            )
+            .await;
+        assert_eq!(r.status, http::StatusCode::OK, "{}", r.text);
+    }
+    let stored = gauge(&p, "rollout_proxy_stored_tokens").await as usize;
+    assert_eq!(p.end(&key).await.status, http::StatusCode::OK);
+    let r = p
+        .admin(
+            "/export_trajectories",
+            serde_json::json!({"session_id": id, "style": "concat"}),
+        )
+        .await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.text);
+    let export = r.json();
+    let trajectories = export["trajectories"].as_array().expect("trajectories");
+    let written: usize = trajectories
+        .iter()
+        .map(|t| t["token_ids"].as_array().expect("tokens").len())
+        .sum();
+    eprintln!(
+        "24 branches off a 1000-word turn: {} trajectories, {written} tokens for {stored} stored, {} KiB of export",
+        trajectories.len(),
+        r.text.len() / 1024
+    );
+    let bound = rollout_proxy::SessionLimits::default().max_export_amplification as usize;
+    assert!(written <= bound * stored, "{written} > {bound} x {stored}");
+    let dropped = export["branches_dropped"].as_u64().expect("some were left out") as usize;
+    assert_eq!(trajectories.len() + dropped, 24);
+}

@@ -270,6 +270,11 @@ pub struct MetricsSection {
     /// Experiment trackers fed each step, the run config and the reward curve: `wandb`, `mlflow` (none by
     /// default). A tracker that fails never stops the run; its records stay in `metrics.jsonl`.
     pub trackers: Vec<super::trackers::Tracker>,
+    /// Hand a step to the trackers only once the checkpoint covering it is saved, so that after a kill and
+    /// resume each tracker holds exactly `metrics.jsonl`'s values; the trackers then lag up to
+    /// `checkpoint.save_every` steps. False (the default) sends each step as it is written, live; a resumed run
+    /// then leaves the values a killed attempt sent for the steps it trains again (never a step twice).
+    pub trackers_at_checkpoint: bool,
     /// Weights & Biases settings (used when `trackers` lists `wandb`).
     pub wandb: super::trackers::WandbSection,
     /// MLflow settings (used when `trackers` lists `mlflow`).
@@ -285,6 +290,7 @@ impl Default for MetricsSection {
             progress: true,
             dir: String::new(),
             trackers: Vec::new(),
+            trackers_at_checkpoint: false,
             wandb: Default::default(),
             mlflow: Default::default(),
         }
