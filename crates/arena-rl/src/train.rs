@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use reward_routing::{Group, RewardConfig};
+use stream_config::BranchWeight;
 
 use crate::error::{Context as _, Result};
 use crate::journal::{RolloutRecord, SampleKey};
@@ -18,6 +19,8 @@ use crate::journal::{RolloutRecord, SampleKey};
 mod burn;
 mod engine;
 mod grpo;
+#[cfg(test)]
+mod tests;
 
 pub use burn::BurnEngine;
 pub use engine::TrainEngine;
@@ -139,8 +142,14 @@ impl TrainStep for FrozenPolicy {
 }
 
 /// Turns a step's accepted groups into the trainer's input: advantages from `reward` (bias, scaling, clip,
-/// `actor.reward_norm`) over the whole batch, each broadcast to every trajectory of its sample.
-pub fn build_batch(reward: &RewardConfig, groups: &[(Group, &[RolloutRecord])]) -> Result<TrainBatch> {
+/// `actor.reward_norm`) over the whole batch, each broadcast to every trajectory of its sample, divided
+/// among them under [`BranchWeight::Split`] so that a rollout whose session branched weighs no more than
+/// one that did not.
+pub fn build_batch(
+    reward: &RewardConfig,
+    branches: BranchWeight,
+    groups: &[(Group, &[RolloutRecord])],
+) -> Result<TrainBatch> {
     let only_groups: Vec<Group> = groups.iter().map(|(g, _)| g.clone()).collect();
     let advantages = reward.advantages(&only_groups).context("computing advantages")?;
     let mut batch = TrainBatch::default();
@@ -149,6 +158,10 @@ pub fn build_batch(reward: &RewardConfig, groups: &[(Group, &[RolloutRecord])]) 
         for a in advantages {
             let Some(record) = records.get(a.index) else {
                 continue;
+            };
+            let share = match branches {
+                BranchWeight::Split => 1.0 / record.trajectories.len().max(1) as f64,
+                BranchWeight::Each => 1.0,
             };
             for t in &record.trajectories {
                 batch.samples.push(TrainSample {
@@ -159,7 +172,7 @@ pub fn build_batch(reward: &RewardConfig, groups: &[(Group, &[RolloutRecord])]) 
                     versions: t.versions.clone(),
                     temperatures: t.temperatures.clone(),
                     truncated: t.truncated.clone(),
-                    advantage: a.advantage,
+                    advantage: a.advantage * share,
                     raw_reward: a.raw_reward,
                 });
             }

@@ -54,8 +54,8 @@ pub use redact::{
     MIN_SUBSTRING_LEN, REDACTED, SECRET_ENV_VARS, Secrets, is_secret_env_name, is_sensitive_key, redact,
 };
 pub use schema::{
-    ActorConfig, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig, ExportStyle,
-    GenerationConfig, GuardSection, HarnessSampling, IntegrityPolicy, KlEstimator, LossAggMode,
+    ActorConfig, BranchWeight, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig,
+    ExportStyle, GenerationConfig, GuardSection, HarnessSampling, IntegrityPolicy, KlEstimator, LossAggMode,
     LrSchedulerType, MetricsSection, MlflowSection, ModelEngine, ModelSection, NormConfig, NormLevel,
     ProxySection, ReasoningParser, RolloutSection, RunConfig, Seconds, StreamGuard, ToolCallParser, Tracker,
     WandbMode, WandbSection,

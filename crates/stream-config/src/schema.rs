@@ -218,6 +218,18 @@ pub enum LossAggMode {
     SeqMeanTokenMean,
 }
 
+/// How a rollout whose export holds several trajectories (a session that branched) weighs in a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BranchWeight {
+    /// Its trajectories share its advantage, each getting the advantage divided by their number, so a
+    /// rollout does not weigh more for branching.
+    #[default]
+    Split,
+    /// Each trajectory gets the rollout's whole advantage, as the reference trains every concat leaf.
+    Each,
+}
+
 /// The learning-rate schedule after warm-up (the reference's `optimizer.lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -274,6 +286,10 @@ pub struct ActorConfig {
     pub entropy_coeff: f64,
     /// How per-token losses are averaged: `token-mean` or `seq-mean-token-mean`.
     pub loss_agg_mode: LossAggMode,
+    /// How a rollout of several trajectories (its session branched) weighs in a batch: `split` (the
+    /// default) divides its advantage among them, `each` gives each the whole advantage (the reference's
+    /// behaviour, under which a rollout's weight grows with its branch count).
+    pub branch_weight: BranchWeight,
     /// AdamW's decoupled weight decay, applied to every parameter (the reference's `optimizer.weight_decay`).
     pub weight_decay: f64,
     /// AdamW's first-moment decay (`optimizer.beta1`).
@@ -329,6 +345,7 @@ impl Default for ActorConfig {
             kl_estimator: KlEstimator::K1,
             entropy_coeff: 0.0,
             loss_agg_mode: LossAggMode::TokenMean,
+            branch_weight: BranchWeight::Split,
             weight_decay: 0.01,
             beta1: 0.9,
             beta2: 0.999,

@@ -244,7 +244,11 @@ impl Trainer {
             self.warn_idle(k, &metrics);
         }
         self.accepted_total += accepted.len() as u64;
-        let mut batch = build_batch(&run.reward, &collected.accepted_with_records(&accepted))?;
+        let mut batch = build_batch(
+            &run.reward,
+            run.config.actor.branch_weight,
+            &collected.accepted_with_records(&accepted),
+        )?;
         batch.policy_version = self.version;
         let staleness = collected
             .groups
