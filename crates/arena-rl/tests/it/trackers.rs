@@ -8,6 +8,7 @@
 //! wandb package's own protobuf schema, `wandb.proto.wandb_internal_pb2.Record`.
 
 use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -95,11 +96,15 @@ fn python_out(python: &Path, script: &str, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("reader prints JSON")
 }
 
+/// The `mlflow server` process group: the server starts uvicorn, a job runner and task consumers as children,
+/// so the whole group is killed, or they would outlive the test.
 struct Server(std::process::Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        if let Some(group) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
         let _ = self.0.wait();
     }
 }
@@ -128,6 +133,7 @@ async fn mlflow_server(python: &Path, dir: &Path) -> (Server, String) {
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
         .stdin(Stdio::null())
+        .process_group(0)
         .spawn()
         .expect("mlflow server starts");
     let server = Server(child);
