@@ -110,7 +110,7 @@ pub async fn evaluate(
         candidate: cand,
         baseline: base,
     };
-    write_report(&config, options, &figures, rollout_metrics, (ran_c, ran_b))
+    write_report(&config, env, options, &figures, rollout_metrics, (ran_c, ran_b)).await
 }
 
 /// The manifest from `--manifest`, else a Stream subset (`--streams`, `valid_dataset.streams`), else `None`
@@ -349,8 +349,9 @@ async fn run_selection(
 }
 
 /// Writes `report.txt`, `eval.png` and the metric records, and returns the summary.
-fn write_report(
+async fn write_report(
     config: &RunConfig,
+    env: &Env,
     options: &EvalOptions,
     figures: &Figures,
     mut metrics: StepMetrics,
@@ -362,14 +363,31 @@ fn write_report(
     std::fs::write(&report, &table).with_context(|| format!("cannot write {}", report.display()))?;
     let png = out.join("eval.png");
     crate::eval::plot::draw(&png, figures)?;
-    let mut sink = MetricsSink::open(
+    let sink = MetricsSink::open(
         &out.join("metrics"),
         config.metrics.jsonl,
         config.metrics.tensorboard,
         Some(0),
     )?;
+    // The experiment trackers get the evaluation as one step, with its plot and its counts; their state lives
+    // in the output folder, so each evaluation is a tracker run of its own.
+    let trackers =
+        crate::observe::trackers::TrackerSettings::resolve(config, env, &config.secrets(env), out)?;
+    let trackers = if trackers.is_empty() {
+        None
+    } else {
+        Some(crate::observe::trackers::Trackers::start(
+            &trackers,
+            out,
+            &out.join("metrics"),
+            None,
+        )?)
+    };
+    let mut sink = sink.with_trackers(trackers, false);
     metrics.merge(&figures.metrics());
     sink.write_step(0, &metrics)?;
+    let counts = serde_json::json!({"candidate_tasks": ran.0, "baseline_tasks": ran.1, "samples": figures.k});
+    sink.close_trackers(Some(&png), &counts).await;
     Ok(EvalSummary {
         figures: figures.clone(),
         table,
