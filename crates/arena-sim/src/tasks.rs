@@ -236,19 +236,7 @@ impl TaskInstance {
             "properties": {"key": {"type": "string"}},
             "required": ["key"],
         });
-        let description = "digits under a key";
-        match protocol {
-            LlmProtocol::Anthropic => {
-                json!([{"name": LOOKUP, "description": description, "input_schema": parameters}])
-            }
-            LlmProtocol::Responses => json!([{
-                "type": "function", "name": LOOKUP, "description": description, "parameters": parameters,
-            }]),
-            LlmProtocol::ChatCompletions => json!([{
-                "type": "function",
-                "function": {"name": LOOKUP, "description": description, "parameters": parameters},
-            }]),
-        }
+        function_tool(protocol, LOOKUP, "digits under a key", parameters)
     }
 
     /// The conversation a harness opens with, in one protocol's shape: one user message with the prompt
@@ -452,3 +440,25 @@ pub mod sum;
 
 #[cfg(test)]
 mod tests;
+
+/// One function tool, `name` taking `parameters` (a JSON schema), as a one-element tool list in
+/// `protocol`'s shape (Anthropic `input_schema`, Responses' flat functions, Chat Completions' nested ones).
+pub(crate) fn function_tool(
+    protocol: LlmProtocol,
+    name: &str,
+    description: &str,
+    parameters: Value,
+) -> Value {
+    match protocol {
+        LlmProtocol::Anthropic => {
+            json!([{"name": name, "description": description, "input_schema": parameters}])
+        }
+        LlmProtocol::Responses => json!([{
+            "type": "function", "name": name, "description": description, "parameters": parameters,
+        }]),
+        LlmProtocol::ChatCompletions => json!([{
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        }]),
+    }
+}

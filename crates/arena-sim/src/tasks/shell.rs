@@ -80,19 +80,7 @@ impl ShellTask {
             "properties": {"command": {"type": "string"}},
             "required": ["command"],
         });
-        let description = "runs a shell command";
-        match protocol {
-            LlmProtocol::Anthropic => {
-                json!([{"name": SHELL_TOOL, "description": description, "input_schema": parameters}])
-            }
-            LlmProtocol::Responses => json!([{
-                "type": "function", "name": SHELL_TOOL, "description": description, "parameters": parameters,
-            }]),
-            LlmProtocol::ChatCompletions => json!([{
-                "type": "function",
-                "function": {"name": SHELL_TOOL, "description": description, "parameters": parameters},
-            }]),
-        }
+        super::function_tool(protocol, SHELL_TOOL, "runs a shell command", parameters)
     }
 
     /// What the simulated shell answers: the command after [`RESULT_MARKER`]; nothing runs.
