@@ -82,10 +82,15 @@ print(json.dumps({"files": len(files), "runs": runs, "history": history, "config
 "#;
 
 fn python_out(python: &Path, script: &str, args: &[&str]) -> Value {
+    python_out_with(python, script, args, &[])
+}
+
+fn python_out_with(python: &Path, script: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
     let out = Command::new(python)
         .arg("-c")
         .arg(script)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("python runs");
     assert!(
@@ -119,10 +124,25 @@ fn free_port() -> u16 {
 
 /// Starts `mlflow server` on loopback with a SQLite backend and its artifact proxy; waits for `/health`.
 async fn mlflow_server(python: &Path, dir: &Path) -> (Server, String) {
+    mlflow_server_with(python, dir, None).await
+}
+
+/// [`mlflow_server`], with MLflow's basic-auth app on when `auth` names its config file (admin user and
+/// password, the permission database).
+async fn mlflow_server_with(python: &Path, dir: &Path, auth: Option<&Path>) -> (Server, String) {
     let port = free_port();
     let log = std::fs::File::create(dir.join("mlflow-server.log")).expect("log");
-    let child = Command::new(python)
-        .args(["-m", "mlflow", "server", "--host", "127.0.0.1", "--port"])
+    let mut command = Command::new(python);
+    if let Some(config) = auth {
+        command
+            .env("MLFLOW_AUTH_CONFIG_PATH", config)
+            .env("MLFLOW_FLASK_SERVER_SECRET_KEY", "csrf-key-for-this-test")
+            .args(["-m", "mlflow", "server", "--app-name", "basic-auth"]);
+    } else {
+        command.args(["-m", "mlflow", "server"]);
+    }
+    let child = command
+        .args(["--host", "127.0.0.1", "--port"])
         .arg(port.to_string())
         .arg("--backend-store-uri")
         .arg(format!("sqlite:///{}", dir.join("mlflow.db").display()))
@@ -389,6 +409,159 @@ async fn mlflow_and_wandb_get_every_step_the_config_and_no_secret_across_a_kill_
                 path.display()
             );
         }
+    }
+}
+
+/// MLflow with its basic-auth app on, in live mode (each step sent as it is written) across two kills: a wrong
+/// password costs the run nothing and leaves no run behind; the next process, with the right one, replays the
+/// steps before its resume point from `metrics.jsonl`; a step the tracker already took before a kill is not
+/// sent again, so it keeps the killed attempt's values (as docs/trackers.md says); the password is in no file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlflow_with_basic_auth_in_live_mode_takes_every_step_once_across_kills() {
+    let Some(python) = std::env::var_os("ARENA_RL_PY_TRACKERS").map(PathBuf::from) else {
+        eprintln!(
+            "skipping: ARENA_RL_PY_TRACKERS is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first"
+        );
+        return;
+    };
+    const PASSWORD: &str = "mlflow-admin-password-7c1d9e";
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let server_dir = tmp.path().join("server");
+    std::fs::create_dir_all(&server_dir).expect("server dir");
+    // The server's own config holds the password; it lives apart from what the secret scan below reads.
+    let auth_dir = tempfile::tempdir().expect("tempdir");
+    let auth = auth_dir.path().join("auth.ini");
+    std::fs::write(
+        &auth,
+        format!(
+            "[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{}\nadmin_username = admin\n\
+             admin_password = {PASSWORD}\n\
+             authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n",
+            auth_dir.path().join("auth.db").display()
+        ),
+    )
+    .expect("auth config");
+    let (_server, uri) = mlflow_server_with(&python, &server_dir, Some(&auth)).await;
+    let run_dir = tmp.path().join("run");
+    let metrics_dir = run_dir.join("metrics");
+    let state_dir = run_dir.join("trackers");
+    let mut config = RunConfig {
+        experiment_name: "exp".into(),
+        trial_name: "live".into(),
+        ..RunConfig::default()
+    };
+    config.metrics.trackers = vec![Tracker::Mlflow];
+    config.metrics.mlflow.tracking_uri = uri.clone();
+    let settings_with = |password: &str| {
+        let env = Env::from_pairs([
+            ("MLFLOW_TRACKING_USERNAME", "admin"),
+            ("MLFLOW_TRACKING_PASSWORD", password),
+        ]);
+        TrackerSettings::resolve(&config, &env, &config.secrets(&env), &run_dir).expect("settings")
+    };
+
+    // First process, wrong password: steps 0..=3 written, checkpoint through 2, then killed.
+    let trackers =
+        Trackers::start(&settings_with("not-the-password"), &run_dir, &metrics_dir, None).expect("trackers");
+    let mut sink = MetricsSink::open(&metrics_dir, true, false, None)
+        .expect("sink")
+        .with_trackers(Some(trackers), false);
+    for k in 0..=3 {
+        sink.write_step(k, &step_metrics(k, 1)).expect("write");
+        if k <= 2 {
+            sink.durable_through(k);
+        }
+    }
+    drop(sink);
+    assert_eq!(
+        read_state(&state_dir, "mlflow.json")["run_id"],
+        Value::Null,
+        "no run was made with a wrong password"
+    );
+
+    // Second process, the right password, resumed at 3: steps 0..=2 replayed, 3 and 4 live, killed after
+    // MLflow took step 4.
+    let settings = settings_with(PASSWORD);
+    let trackers = Trackers::start(&settings, &run_dir, &metrics_dir, Some(3)).expect("trackers");
+    let mut sink = MetricsSink::open(&metrics_dir, true, false, Some(3))
+        .expect("sink")
+        .with_trackers(Some(trackers), false);
+    for k in 3..=4 {
+        sink.write_step(k, &step_metrics(k, 2)).expect("write");
+    }
+    sink.durable_through(3);
+    wait_for("MLflow to take step 4", || {
+        read_state(&state_dir, "mlflow.json")["last_step"] == "4"
+    })
+    .await;
+    drop(sink);
+
+    // Third process, resumed at 4: step 4 trained again (new values, which MLflow already has the first of)
+    // and step 5.
+    let trackers = Trackers::start(&settings, &run_dir, &metrics_dir, Some(4)).expect("trackers");
+    let mut sink = MetricsSink::open(&metrics_dir, true, false, Some(4))
+        .expect("sink")
+        .with_trackers(Some(trackers), false);
+    for k in 4..=5 {
+        sink.write_step(k, &step_metrics(k, 3)).expect("write");
+        sink.durable_through(k);
+    }
+    sink.close_trackers(None, &json!({})).await;
+
+    let jsonl: Vec<Value> = std::fs::read_to_string(metrics_dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let sessions: Vec<u64> = jsonl
+        .iter()
+        .map(|l| {
+            let step = l["step"].as_u64().unwrap();
+            (0..=3)
+                .find(|&s| l["rollout/reward"].as_f64() == Some(0.25 * step as f64 + 0.01 * s as f64))
+                .expect("a session's value")
+        })
+        .collect();
+    assert_eq!(sessions, [1, 1, 1, 2, 3, 3], "metrics.jsonl after the resumes");
+    let run_id = read_state(&state_dir, "mlflow.json")["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_string();
+    let ml = python_out_with(
+        &python,
+        MLFLOW_READER,
+        &[&uri, &run_id],
+        &[
+            ("MLFLOW_TRACKING_USERNAME", "admin"),
+            ("MLFLOW_TRACKING_PASSWORD", PASSWORD),
+        ],
+    );
+    assert_eq!(ml["status"], "FINISHED", "{ml}");
+    let mut points: Vec<(u64, f64)> = ml["history"][mlflow_key("rollout/reward")]
+        .as_array()
+        .expect("the reward's history")
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()))
+        .collect();
+    points.sort_by_key(|p| p.0);
+    let expected: Vec<(u64, f64)> = [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3)]
+        .into_iter()
+        .map(|(step, session)| (step, 0.25 * step as f64 + 0.01 * session as f64))
+        .collect();
+    assert_eq!(
+        points, expected,
+        "each step once; step 4 keeps the value MLflow took before the kill"
+    );
+
+    let mut files = Vec::new();
+    files_under(tmp.path(), &mut files);
+    for path in &files {
+        let data = std::fs::read(path).unwrap_or_default();
+        assert!(
+            !data.windows(PASSWORD.len()).any(|w| w == PASSWORD.as_bytes()),
+            "{} holds the password",
+            path.display()
+        );
     }
 }
 
