@@ -42,6 +42,8 @@
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "common/latency.rs"]
+mod latency;
 #[path = "common/proc_cpu.rs"]
 mod proc_cpu;
 #[path = "common/summary.rs"]
@@ -665,14 +667,6 @@ impl Row {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 /// Heap bytes the proxy retains per stored token after `n` first-turn sessions of the workload.
 fn memory_per_token(runtime: &tokio::runtime::Runtime, body: &Value) -> (f64, u64) {
     runtime.block_on(async {
@@ -1066,8 +1060,8 @@ fn main() {
                 }
                 Row {
                     rps: st.requests as f64 / st.busy.as_secs_f64().max(1e-9),
-                    p50: percentile(&st.latencies, 0.5),
-                    p99: percentile(&st.latencies, 0.99),
+                    p50: latency::percentile_ms(&st.latencies, 0.5),
+                    p99: latency::percentile_ms(&st.latencies, 0.99),
                     requests: st.requests,
                     errors: st.failed(),
                     cpu_us: st.cpu_us_per_request(),

@@ -18,6 +18,8 @@
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "common/latency.rs"]
+mod latency;
 #[path = "common/summary.rs"]
 mod summary;
 use std::collections::BTreeMap;
@@ -423,14 +425,6 @@ impl Load {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 /// One sample of the child's memory.
 #[derive(Clone, Copy)]
 struct MemorySample {
@@ -573,7 +567,10 @@ fn main() {
     for (protocol, latencies) in &mut tally.latencies {
         latencies.sort();
         all.extend(latencies.iter().copied());
-        let (p50, p99) = (percentile(latencies, 0.5), percentile(latencies, 0.99));
+        let (p50, p99) = (
+            latency::percentile_ms(latencies, 0.5),
+            latency::percentile_ms(latencies, 0.99),
+        );
         println!(
             "  {:<10} {:>6} requests  p50 {p50:>7.2} ms  p99 {p99:>7.2} ms",
             protocol.name(),
@@ -585,14 +582,17 @@ fn main() {
         );
     }
     all.sort();
-    let (p50, p99) = (percentile(&all, 0.5), percentile(&all, 0.99));
+    let (p50, p99) = (
+        latency::percentile_ms(&all, 0.5),
+        latency::percentile_ms(&all, 0.99),
+    );
     println!(
         "  {:<10} {:>6} requests  p50 {p50:>7.2} ms  p99 {p99:>7.2} ms",
         "all",
         all.len()
     );
     tally.stall_closed.sort();
-    let stall_p50 = percentile(&tally.stall_closed, 0.5);
+    let stall_p50 = latency::percentile_ms(&tally.stall_closed, 0.5);
     let stall_max = tally
         .stall_closed
         .last()
