@@ -21,6 +21,7 @@ use serde_json::Value;
 use stream_config::TaskStatus;
 
 use crate::error::{Error, Result};
+use crate::harness::metric_code;
 use crate::metrics::{Lifecycle, Metric, Scope};
 use crate::outcome::{IntegrityFinding, RowMeta, TaskOutcome};
 use stream_config::RewardRef;
@@ -61,6 +62,11 @@ pub struct AuditRecord {
     /// The integrity hits of the rollout's session (rule and matched command), as its export carried them;
     /// the line leaves the field out when there are none.
     pub integrity_hits: Vec<IntegrityFinding>,
+    /// The proxy session the rollout ran in (`session_id`, null when unknown).
+    pub session_id: Option<String>,
+    /// For a `HARNESS_FAILED` task, its outcome code as metrics name it (one of
+    /// [`crate::HARNESS_OUTCOME_METRIC_CODES`] or `OTHER`); null for every other status.
+    pub harness_outcome_code: Option<String>,
 }
 
 /// The wire form of a record, fields in the reference's order.
@@ -83,6 +89,9 @@ struct Line<'a> {
     computed_at: Option<&'a str>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     integrity_hits: &'a [IntegrityFinding],
+    arena_task_id: &'a str,
+    session_id: Option<&'a str>,
+    harness_outcome_code: Option<&'a str>,
 }
 
 impl AuditRecord {
@@ -102,6 +111,9 @@ impl AuditRecord {
             trace_id: task.trace_id.clone(),
             computed_at: task.computed_at.clone(),
             integrity_hits: Vec::new(),
+            session_id: None,
+            harness_outcome_code: (task.status == TaskStatus::HarnessFailed)
+                .then(|| metric_code(&task.raw).to_string()),
         }
     }
 
@@ -119,6 +131,12 @@ impl AuditRecord {
     /// The same record with the session's integrity hits.
     pub fn with_integrity_hits(mut self, hits: Vec<IntegrityFinding>) -> Self {
         self.integrity_hits = hits;
+        self
+    }
+
+    /// The same record with the rollout's proxy session (an empty id stays null).
+    pub fn with_session_id(mut self, session_id: Option<&str>) -> Self {
+        self.session_id = session_id.filter(|s| !s.is_empty()).map(str::to_string);
         self
     }
 
@@ -150,6 +168,9 @@ impl AuditRecord {
             trace_id: self.trace_id.as_deref(),
             computed_at: self.computed_at.as_deref(),
             integrity_hits: &self.integrity_hits,
+            arena_task_id: &self.task_id,
+            session_id: self.session_id.as_deref(),
+            harness_outcome_code: self.harness_outcome_code.as_deref(),
         };
         let mut text = serde_json::to_string(&line).expect("an audit line is plain JSON data");
         text.push('\n');

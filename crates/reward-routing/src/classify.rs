@@ -1,8 +1,43 @@
-//! Failure classification (reference section 4.4): which failed rollouts still teach the model something (a
-//! zero reward) and which must be rejected.
+//! Failure classification (reference section 4.4, `arena-2026.md` 2.1-2.4): which failed rollouts still teach
+//! the model something (a zero reward) and which must be rejected, under one of the named [`FailurePolicy`]s.
 
 use serde_json::Value;
 use stream_config::TaskStatus;
+
+use crate::harness::outcome_code;
+
+/// GameAgent outcome codes that AReaL's merged main attributes to the model when the session recorded
+/// interactions (#1746, narrowed by #1748, which rejects the generic response failures).
+pub const MODEL_OUTCOME_CODES: [&str; 4] = [
+    "AGENT_MAX_TURNS_EXCEEDED",
+    "AGENT_RUN_TIMEOUT",
+    "AUTONOMOUS_INCOMPLETE_NO_SHIP",
+    "LLM_RESPONSE_TIMEOUT",
+];
+
+/// Which rules decide a failed task's disposition; the names are those of the AReaL versions they follow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FailurePolicy {
+    /// AReaL's merged main (#1702 with #1746 and #1748), what AReaL runs today: [`FailurePolicy::Pr1547`]'s
+    /// rules plus a GameAgent outcome code of [`MODEL_OUTCOME_CODES`] as model evidence (`LLM_RESPONSE_FAILED`
+    /// and `GAMEAGENT_RUN_FAILED` stay unattributed unless a context overflow says otherwise).
+    #[default]
+    MergedMain,
+    /// The rules of AReaL #1547, which this project started from (reference section 4.4): `NO_OUTPUT` and
+    /// `TIMEOUT` with interactions, and `HARNESS_FAILED` with interactions and a context overflow or the
+    /// Claude agent-phase text, are the model's.
+    Pr1547,
+}
+
+impl FailurePolicy {
+    /// The setting's value naming the policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MergedMain => "merged_main",
+            Self::Pr1547 => "pr1547",
+        }
+    }
+}
 
 /// The first phrase a Claude Harness writes into `raw.error` when the agent phase failed.
 pub const CLAUDE_AGENT_PHASE_EXITED: &str = "harness: harness agent phase exited with code";
@@ -45,18 +80,22 @@ pub enum Failure<'a> {
     Other,
 }
 
-/// Classifies a failure the way the reference's `classify_proxy_failure` does.
+/// Classifies a failure the way `policy`'s `classify_proxy_failure` does.
 ///
 /// | failure | disposition |
 /// |---|---|
 /// | not a typed task failure | system |
-/// | `CANCELLED`, `COLLECT_FAILED`, `EVAL_FAILED`, `FAILED`, `SETUP_FAILED` | system |
+/// | `CANCELLED`, `COLLECT_FAILED`, `ERROR`, `EVAL_FAILED`, `FAILED`, `SETUP_FAILED` | system |
 /// | `NO_OUTPUT`, `TIMEOUT` with interactions | model, zero reward |
 /// | `HARNESS_FAILED` with interactions and (a context overflow or the Claude agent-phase text) | model, zero reward |
+/// | merged main only: `HARNESS_FAILED` with interactions and an outcome code of [`MODEL_OUTCOME_CODES`] | model, zero reward |
 /// | anything else, including those statuses without interactions | unknown |
 ///
+/// `ERROR` was no failure status in #1547 (the reference polled it until its deadline); every policy here
+/// treats it as the grader's failure.
 /// The proxy's own internal errors override this (see [`crate::route_outcome`]).
 pub fn classify_failure(
+    policy: FailurePolicy,
     failure: Failure<'_>,
     context_overflow: bool,
     interaction_count: u64,
@@ -68,6 +107,7 @@ pub fn classify_failure(
     let interacted = interaction_count > 0;
     match status {
         TaskStatus::Cancelled
+        | TaskStatus::Error
         | TaskStatus::CollectFailed
         | TaskStatus::EvalFailed
         | TaskStatus::Failed
@@ -75,6 +115,13 @@ pub fn classify_failure(
         TaskStatus::NoOutput | TaskStatus::Timeout if interacted => FailureDisposition::ModelFailureZero,
         TaskStatus::HarnessFailed
             if interacted && (context_overflow || is_claude_agent_phase_failure(raw)) =>
+        {
+            FailureDisposition::ModelFailureZero
+        }
+        TaskStatus::HarnessFailed
+            if interacted
+                && policy == FailurePolicy::MergedMain
+                && outcome_code(raw).is_some_and(|code| MODEL_OUTCOME_CODES.contains(&code)) =>
         {
             FailureDisposition::ModelFailureZero
         }

@@ -142,9 +142,11 @@ impl Lifecycle {
     }
 }
 
-/// The group metrics of one prompt's `group_size` rollouts: `pass@k`, `<task_type>/pass@k` and
-/// `stream/<name>/pass@k` (1 when any reward counts as solved under `rule`), and the one-hot
-/// `group_pass_<c>` for `c = 0..=group_size`, where `c` is the number of solved rollouts.
+/// The group metrics of one prompt's `group_size` rollouts: `pass@k` (1 when any reward counts as solved under
+/// `rule`), the one-hot `group_pass_<c>` for `c = 0..=group_size`, where `c` is the number of solved rollouts,
+/// and (`arena-2026.md` 2.8, AReaL #1746) `all_correct` (`c == group_size`), `all_wrong` (`c == 0`) and the
+/// one-hot `group_pass_count_<c>_ratio`. `pass@k`, `all_correct`, `all_wrong` and the ratios are also written
+/// under `domain/<task_type>/` and `stream/<name>/`, and `pass@k` under `<task_type>/` as the reference does.
 ///
 /// `rewards` holds each rollout's training reward, `None` for a rollout that produced none; its length must be
 /// `group_size`.
@@ -167,12 +169,19 @@ pub fn group_metrics(
         .filter(|reward| rule.is_solved(**reward))
         .count();
     let pass = solved > 0;
-    let mut metrics = vec![
-        scope.flag("pass@k", pass),
-        scope.flag(format_args!("{}/pass@k", row.metric_task_type()), pass),
-        scope.flag(format_args!("stream/{}/pass@k", row.stream_name), pass),
-    ];
+    let task_type = row.metric_task_type();
+    let mut metrics = vec![scope.flag(format_args!("{task_type}/pass@k"), pass)];
     metrics.extend((0..=group_size).map(|c| scope.flag(format_args!("group_pass_{c}"), c == solved)));
+    let domain = format!("domain/{task_type}/");
+    let stream = format!("stream/{}/", row.stream_name);
+    for prefix in ["", domain.as_str(), stream.as_str()] {
+        metrics.push(scope.flag(format_args!("{prefix}pass@k"), pass));
+        metrics.push(scope.flag(format_args!("{prefix}all_correct"), solved == group_size));
+        metrics.push(scope.flag(format_args!("{prefix}all_wrong"), solved == 0));
+        metrics.extend((0..=group_size).map(|c| {
+            scope.flag(format_args!("{prefix}group_pass_count_{c}_ratio"), c == solved)
+        }));
+    }
     Ok(metrics)
 }
 

@@ -127,6 +127,9 @@ pub struct Episode {
     pub integrity_hits: BTreeMap<String, u64>,
     /// Training rollouts record under `rollout/`, evaluation rollouts under `eval-rollout/`.
     pub scope: Scope,
+    /// The proxy session the rollout ran in, for audit records and episode metadata; `None` when it never
+    /// had one.
+    pub session_id: Option<String>,
 }
 
 /// One integrity hit as audit records keep it: the rule and the command it matched.

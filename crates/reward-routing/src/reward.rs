@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use stream_config::IntegrityPolicy;
 
+use crate::classify::FailurePolicy;
 use crate::error::{Error, Result};
 use crate::outcome::{RowMeta, TaskOutcome};
 use crate::transform::{ResolvedTransform, TransformRegistry};
@@ -28,6 +29,7 @@ pub struct RewardRule {
     transform: Option<ResolvedTransform>,
     integrity: IntegrityPolicy,
     integrity_rules: Arc<[String]>,
+    failure_policy: FailurePolicy,
 }
 
 impl RewardRule {
@@ -54,6 +56,7 @@ impl RewardRule {
             transform,
             integrity: IntegrityPolicy::Record,
             integrity_rules: Arc::from([]),
+            failure_policy: FailurePolicy::default(),
         })
     }
 
@@ -65,7 +68,19 @@ impl RewardRule {
             transform: None,
             integrity: IntegrityPolicy::Record,
             integrity_rules: Arc::from([]),
+            failure_policy: FailurePolicy::default(),
         }
+    }
+
+    /// The same rule under another [`FailurePolicy`].
+    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = policy;
+        self
+    }
+
+    /// The policy that classifies this stream's failed tasks.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.failure_policy
     }
 
     /// The same rule with the stream's integrity policy, and the ids of the rules its sessions are scanned

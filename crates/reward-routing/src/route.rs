@@ -8,6 +8,7 @@ use stream_config::{IntegrityPolicy, TaskStatus};
 use crate::audit::AuditRecord;
 use crate::classify::{Failure, FailureDisposition, classify_failure};
 use crate::group::SampleResult;
+use crate::harness::{HARNESS_OUTCOME_METRIC_CODES, OTHER_CODE, metric_code};
 use crate::metrics::{Lifecycle, Metric, Scope};
 use crate::outcome::{Episode, ErrorStage, Outcome, RowMeta, TaskOutcome};
 use crate::reward::RewardRule;
@@ -245,6 +246,7 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
                 FailureDisposition::SystemFailureReject
             } else {
                 classify_failure(
+                    rule.failure_policy(),
                     Failure::Task {
                         status: &task.status,
                         raw: &task.raw,
@@ -278,7 +280,7 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
                     "task {:?} reported status {} which is not terminal",
                     task.task_id, task.status
                 );
-                route_error(episode, message, ErrorStage::AfterLaunch, &mut metrics)
+                route_error(episode, message, ErrorStage::AfterLaunch, &mut metrics, rule)
             }
         },
         Outcome::LocalWait { task_id, cancelled } => {
@@ -287,9 +289,13 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
                 .map(|task_id| AuditRecord::local_wait(row, task_id, *cancelled));
             route_local_wait(episode, task_id.as_deref(), *cancelled, &mut metrics)
         }
-        Outcome::Error { message, stage } => route_error(episode, message.clone(), *stage, &mut metrics),
+        Outcome::Error { message, stage } => route_error(episode, message.clone(), *stage, &mut metrics, rule),
     };
 
+    let record = record.map(|r| r.with_session_id(episode.session_id.as_deref()));
+    if let Some(task) = task_of(&episode.outcome).filter(|t| t.status.is_terminal()) {
+        harness_metrics(scope, task, &mut metrics);
+    }
     let decision = apply_integrity_policy(decision, episode, rule);
     integrity_metrics(episode, rule, &mut metrics);
     metrics.push(scope.flag("context_overflow", episode.context_overflow));
@@ -335,6 +341,21 @@ fn apply_integrity_policy(decision: Decision, episode: &Episode, rule: &RewardRu
         IntegrityPolicy::Record => decision,
         IntegrityPolicy::Zero => zero_reward(episode),
         IntegrityPolicy::Reject => Decision::Reject(RejectReason::IntegrityViolation { rules: hit }),
+    }
+}
+
+/// The harness outcome metrics of a terminal task (`arena-2026.md` 2.8): `harness_success` (`DONE`/`OK`),
+/// `harness_error` (`HARNESS_FAILED`) and the one-hot `harness_error/<CODE>` over
+/// [`HARNESS_OUTCOME_METRIC_CODES`] and `OTHER` (all 0 for other statuses). Unlike AReaL, which records them
+/// with the episode metrics of exported rollouts only, they are recorded for every terminal task, so a
+/// rejected harness failure still counts in the rate.
+fn harness_metrics(scope: Scope, task: &TaskOutcome, metrics: &mut Vec<Metric>) {
+    let failed = task.status == TaskStatus::HarnessFailed;
+    metrics.push(scope.flag("harness_success", task.status.is_success()));
+    metrics.push(scope.flag("harness_error", failed));
+    let code = failed.then(|| metric_code(&task.raw));
+    for c in HARNESS_OUTCOME_METRIC_CODES.iter().chain([&OTHER_CODE]) {
+        metrics.push(scope.flag(format_args!("harness_error/{c}"), code == Some(*c)));
     }
 }
 
@@ -439,6 +460,7 @@ fn route_error(
     message: String,
     stage: ErrorStage,
     metrics: &mut Vec<Metric>,
+    rule: &RewardRule,
 ) -> (Decision, Option<FailureDisposition>) {
     let scope = episode.scope;
     match stage {
@@ -460,6 +482,7 @@ fn route_error(
     (
         Decision::Reject(reason),
         Some(classify_failure(
+            rule.failure_policy(),
             Failure::Other,
             episode.context_overflow,
             episode.interaction_count,
@@ -481,6 +504,7 @@ fn episode_metrics(scope: Scope, row: &RowMeta, task: Option<&TaskOutcome>, rewa
             scope.metric("arena_score", score),
             scope.metric("raw_reward", score),
             scope.metric(format_args!("{task_type}/raw_reward"), score),
+            scope.metric(format_args!("domain/{task_type}/raw_reward"), score),
             scope.flag("arena_raw_present", !task.raw.is_null()),
             scope.flag("arena_trace_present", task.trace_id.is_some()),
             scope.flag("arena_artifacts_present", task.artifacts_uri.is_some()),
@@ -492,6 +516,7 @@ fn episode_metrics(scope: Scope, row: &RowMeta, task: Option<&TaskOutcome>, rewa
         }
     }
     metrics.push(scope.metric(format_args!("{task_type}/reward"), reward));
+    metrics.push(scope.metric(format_args!("domain/{task_type}/reward"), reward));
     metrics
 }
 

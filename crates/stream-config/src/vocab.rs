@@ -125,6 +125,8 @@ pub enum TaskStatus {
     Ok,
     /// `CANCELLED`.
     Cancelled,
+    /// `ERROR`: the grader itself failed (Arena's current contract, `arena-2026.md` 2.1); a system failure.
+    Error,
     /// `COLLECT_FAILED`.
     CollectFailed,
     /// `EVAL_FAILED`.
@@ -155,6 +157,7 @@ impl TaskStatus {
             "DONE" => Self::Done,
             "OK" => Self::Ok,
             "CANCELLED" => Self::Cancelled,
+            "ERROR" => Self::Error,
             "COLLECT_FAILED" => Self::CollectFailed,
             "EVAL_FAILED" => Self::EvalFailed,
             "FAILED" => Self::Failed,
@@ -174,6 +177,7 @@ impl TaskStatus {
             Self::Done => "DONE",
             Self::Ok => "OK",
             Self::Cancelled => "CANCELLED",
+            Self::Error => "ERROR",
             Self::CollectFailed => "COLLECT_FAILED",
             Self::EvalFailed => "EVAL_FAILED",
             Self::Failed => "FAILED",
@@ -192,12 +196,14 @@ impl TaskStatus {
         matches!(self, Self::Done | Self::Ok)
     }
 
-    /// One of the reference's eight failure statuses (section 4.4); the local wait statuses are not Arena
-    /// failures and are not included.
+    /// One of the reference's eight failure statuses (section 4.4) or `ERROR` (`arena-2026.md` 2.1: the
+    /// reference polled it until its deadline; every policy here treats it as a terminal system failure); the
+    /// local wait statuses are not Arena failures and are not included.
     pub fn is_failure(&self) -> bool {
         matches!(
             self,
             Self::Cancelled
+                | Self::Error
                 | Self::CollectFailed
                 | Self::EvalFailed
                 | Self::Failed

@@ -83,7 +83,10 @@ fn a_record_is_one_compact_line_with_the_reference_fields_in_order() {
             "raw_truncated",
             "artifacts_uri",
             "trace_id",
-            "computed_at"
+            "computed_at",
+            "arena_task_id",
+            "session_id",
+            "harness_outcome_code"
         ]
     );
 }

@@ -13,7 +13,22 @@ const CLAUDE_TEXT: &str = "Harness: harness agent phase exited with code 1\n\
 
 fn check(status: &str, raw: &Value, overflow: bool, interactions: u64, expected: FailureDisposition) {
     let status = TaskStatus::parse(status);
-    let got = classify_failure(Failure::Task { status: &status, raw }, overflow, interactions);
+    let got = classify_failure(
+        FailurePolicy::Pr1547,
+        Failure::Task { status: &status, raw },
+        overflow,
+        interactions,
+    );
+    // Merged main only adds outcome codes, which these raws do not carry.
+    if super::super::harness::outcome_code(raw).is_none() {
+        let main = classify_failure(
+            FailurePolicy::MergedMain,
+            Failure::Task { status: &status, raw },
+            overflow,
+            interactions,
+        );
+        assert_eq!(main, got, "merged main differs: {status} {raw}");
+    }
     assert_eq!(
         got, expected,
         "status {status} overflow {overflow} interactions {interactions} raw {raw}"
@@ -45,7 +60,7 @@ fn the_reference_table_holds() {
     for (status, overflow, interactions, expected) in table {
         check(status, &none, overflow, interactions, expected);
     }
-    for status in ["CANCELLED", "COLLECT_FAILED", "EVAL_FAILED", "FAILED"] {
+    for status in ["CANCELLED", "COLLECT_FAILED", "ERROR", "EVAL_FAILED", "FAILED"] {
         for interactions in [0, 5] {
             check(status, &none, true, interactions, System);
         }
@@ -55,7 +70,9 @@ fn the_reference_table_holds() {
 #[test]
 fn errors_that_are_not_typed_task_failures_are_system_failures() {
     for (overflow, interactions) in [(false, 0), (true, 7)] {
-        assert_eq!(classify_failure(Failure::Other, overflow, interactions), System);
+        for policy in [FailurePolicy::MergedMain, FailurePolicy::Pr1547] {
+            assert_eq!(classify_failure(policy, Failure::Other, overflow, interactions), System);
+        }
     }
 }
 
@@ -96,4 +113,43 @@ fn dispositions_have_the_reference_names() {
     assert_eq!(Model.as_str(), "model_failure_zero");
     assert_eq!(System.as_str(), "system_failure_reject");
     assert_eq!(Unknown.as_str(), "unknown_failure_reject");
+}
+
+/// `arena-2026.md` 2.4's comparison: merged main gives the allow-listed GameAgent codes a zero reward with
+/// interactions, in each of the three encodings; #1748 keeps the generic response failures rejected
+/// unless an overflow speaks for the model; #1547 knows no codes.
+#[test]
+fn merged_main_attributes_allow_listed_gameagent_codes_and_rejects_the_generic_ones() {
+    let encodings = |code: &str| {
+        [
+            json!({"outcome": {"schema": "areal.envarena-outcome.v1", "code": code}}),
+            json!({"outcome_code": code}),
+            json!({"error": format!("agent failed GAMEAGENT_OUTCOME_CODE={code} GAMEAGENT_OUTCOME_CLASS=x")}),
+        ]
+    };
+    let classify = |policy, raw: &Value, overflow, interactions| {
+        let status = TaskStatus::HarnessFailed;
+        classify_failure(policy, Failure::Task { status: &status, raw }, overflow, interactions)
+    };
+    for code in MODEL_OUTCOME_CODES {
+        for raw in encodings(code) {
+            assert_eq!(classify(FailurePolicy::MergedMain, &raw, false, 2), Model, "{raw}");
+            assert_eq!(classify(FailurePolicy::MergedMain, &raw, false, 0), Unknown, "{raw}");
+            assert_eq!(classify(FailurePolicy::Pr1547, &raw, false, 2), Unknown, "{raw}");
+        }
+    }
+    for code in ["LLM_RESPONSE_FAILED", "GAMEAGENT_RUN_FAILED", "UNKNOWN_FAILURE"] {
+        for raw in encodings(code) {
+            assert_eq!(classify(FailurePolicy::MergedMain, &raw, false, 2), Unknown, "{raw}");
+            assert_eq!(classify(FailurePolicy::MergedMain, &raw, true, 2), Model, "{raw}");
+        }
+    }
+    // A malformed marker is no code.
+    let malformed = json!({"error": "GAMEAGENT_OUTCOME_CODE=AGENT_MAX_TURNS_EXCEEDED-invalid"});
+    assert_eq!(classify(FailurePolicy::MergedMain, &malformed, false, 2), Unknown);
+    // Codes belong to HARNESS_FAILED: a system status stays a system failure.
+    let status = TaskStatus::SetupFailed;
+    let raw = json!({"outcome_code": "AGENT_MAX_TURNS_EXCEEDED"});
+    let got = classify_failure(FailurePolicy::MergedMain, Failure::Task { status: &status, raw: &raw }, false, 2);
+    assert_eq!(got, System);
 }

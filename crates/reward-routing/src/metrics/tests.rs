@@ -154,3 +154,27 @@ fn json_task_types_that_are_not_non_blank_strings_are_unknown() {
         assert_eq!(value(&metrics, &format!("rollout/{expected}/pass@k")), 0.0);
     }
 }
+
+/// `arena-2026.md` 2.8: `all_correct`, `all_wrong` and the one-hot `group_pass_count_<c>_ratio`, each also per
+/// domain and per stream, with `domain/<type>/pass@k`.
+#[test]
+fn all_correct_all_wrong_and_pass_count_ratios_are_written_three_times() {
+    let raw = rule(None, "");
+    for (rewards, solved) in [
+        (vec![Some(1.0), Some(1.0), Some(1.0)], 3),
+        (vec![Some(0.0), None, Some(0.0)], 0),
+        (vec![Some(1.0), None, Some(0.0)], 1),
+    ] {
+        let metrics = group_metrics(Scope::Rollout, &row("swe"), &raw, &rewards, 3).expect("metrics");
+        for prefix in ["", "domain/swe/", "stream/astra/"] {
+            let v = |name: &str| value(&metrics, &format!("rollout/{prefix}{name}"));
+            assert_eq!(v("all_correct"), f64::from(u8::from(solved == 3)), "{prefix} {rewards:?}");
+            assert_eq!(v("all_wrong"), f64::from(u8::from(solved == 0)), "{prefix} {rewards:?}");
+            assert_eq!(v("pass@k"), f64::from(u8::from(solved > 0)), "{prefix} {rewards:?}");
+            for c in 0..=3 {
+                let want = f64::from(u8::from(c == solved));
+                assert_eq!(v(&format!("group_pass_count_{c}_ratio")), want, "{prefix} {c}");
+            }
+        }
+    }
+}

@@ -4,6 +4,7 @@ use serde_json::{Value, json};
 use stream_config::TaskStatus;
 
 use super::*;
+use crate::FailurePolicy;
 use stream_config::RewardRef;
 
 const CLAUDE_TEXT: &str =
@@ -43,6 +44,7 @@ fn episode(outcome: Outcome) -> Episode {
         proxy_system_error: false,
         integrity_hits: Default::default(),
         scope: Scope::Rollout,
+        session_id: Some("sess-1".into()),
     }
 }
 
@@ -545,4 +547,66 @@ fn integrity_hits_cost_what_the_stream_policy_says_and_are_always_counted() {
         value(&routed.metrics, "rollout/reward/integrity_hits/user-rule"),
         Some(1.0)
     );
+}
+
+/// `arena-2026.md` 2.8: outcome codes become the one-hot `harness_error/<CODE>` (rejected or not), and the
+/// audit record names the task, the session and the code.
+#[test]
+fn harness_outcome_codes_reach_metrics_and_the_audit_record() {
+    let failed = |raw: Value| Outcome::Task(task("HARNESS_FAILED", None, raw));
+    let code_of = |routed: &Routed| {
+        let on: Vec<_> = routed
+            .metrics
+            .iter()
+            .filter(|m| m.name.starts_with("rollout/harness_error/") && m.value == 1.0)
+            .map(|m| m.name.trim_start_matches("rollout/harness_error/").to_string())
+            .collect();
+        assert_eq!(on.len(), 1, "{:?}", routed.metrics);
+        on[0].clone()
+    };
+    // Merged main trains an allow-listed code at 0 and records it after the export.
+    let routed = route_outcome(
+        &episode(failed(json!({"outcome_code": "AGENT_MAX_TURNS_EXCEEDED"}))),
+        &rule(None, ""),
+    );
+    assert_eq!(routed.decision, Decision::ZeroReward);
+    assert_eq!(code_of(&routed), "AGENT_MAX_TURNS_EXCEEDED");
+    assert_eq!(value(&routed.metrics, "rollout/harness_error"), Some(1.0));
+    assert_eq!(value(&routed.metrics, "rollout/harness_success"), Some(0.0));
+    let audit = routed.after_export(true).audit.expect("a record");
+    let line: Value = serde_json::from_str(&audit.to_line(1 << 20)).expect("json");
+    assert_eq!(line["arena_task_id"], "task-1");
+    assert_eq!(line["session_id"], "sess-1");
+    assert_eq!(line["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED");
+    // A generic failure is rejected at once and still counted, as OTHER when outside the metric set.
+    for (raw, code) in [
+        (json!({"error": "x GAMEAGENT_OUTCOME_CODE=GAMEAGENT_RUN_FAILED"}), "GAMEAGENT_RUN_FAILED"),
+        (json!({"outcome_code": "SOMETHING_ELSE"}), "OTHER"),
+        (json!({"error": "harness: injected"}), "OTHER"),
+    ] {
+        let routed = route_outcome(&episode(failed(raw.clone())), &rule(None, ""));
+        assert!(matches!(routed.decision, Decision::Reject(_)), "{raw}");
+        assert_eq!(code_of(&routed), code, "{raw}");
+        let line: Value =
+            serde_json::from_str(&routed.audit_now().expect("a record").to_line(1 << 20)).expect("json");
+        assert_eq!(line["harness_outcome_code"], code);
+    }
+    // Other statuses have no code, and a session-less episode audits a null session.
+    let ep = Episode {
+        session_id: None,
+        ..episode(Outcome::Task(task("TIMEOUT", None, json!({"outcome_code": "AGENT_RUN_TIMEOUT"}))))
+    };
+    let routed = route_outcome(&ep, &rule(None, ""));
+    assert_eq!(value(&routed.metrics, "rollout/harness_error"), Some(0.0));
+    assert_eq!(value(&routed.metrics, "rollout/harness_error/OTHER"), Some(0.0));
+    let line: Value =
+        serde_json::from_str(&routed.after_export(true).audit.expect("record").to_line(1 << 20)).expect("json");
+    assert_eq!(line["harness_outcome_code"], Value::Null);
+    assert_eq!(line["session_id"], Value::Null);
+    // Under #1547's rules the same code is not model evidence.
+    let routed = route_outcome(
+        &episode(failed(json!({"outcome_code": "AGENT_MAX_TURNS_EXCEEDED"}))),
+        &rule(None, "").with_failure_policy(FailurePolicy::Pr1547),
+    );
+    assert!(matches!(routed.decision, Decision::Reject(RejectReason::UnknownFailure { .. })));
 }

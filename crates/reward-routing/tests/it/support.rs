@@ -32,6 +32,7 @@ pub(crate) fn episode(data_id: &str, outcome: Outcome) -> Episode {
         proxy_system_error: false,
         integrity_hits: Default::default(),
         scope: Scope::Rollout,
+        session_id: Some("sess-1".into()),
     }
 }
 

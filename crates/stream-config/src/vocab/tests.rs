@@ -18,6 +18,7 @@ fn protocol_inference_follows_the_harness_name() {
 fn task_status_sets_match_the_reference() {
     let failures = [
         "CANCELLED",
+        "ERROR",
         "COLLECT_FAILED",
         "EVAL_FAILED",
         "FAILED",
