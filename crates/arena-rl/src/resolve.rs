@@ -31,8 +31,9 @@ pub struct ResolvedStream {
 }
 
 impl ResolvedStream {
-    /// Applies the run's `guard` settings for this stream: its integrity policy and rule ids on the reward
-    /// rule, and its proxy profile.
+    /// Applies the run's settings for this stream that its Stream entry does not hold: the failure policy
+    /// (`econfig.arena_failure_policy`) and the `guard`'s integrity policy and rule ids on the reward rule, and
+    /// its proxy profile.
     pub fn with_guard(&mut self, config: &stream_config::RunConfig) -> Result<()> {
         let name = self.config.name.clone();
         let rules = config
@@ -43,7 +44,8 @@ impl ResolvedStream {
         self.rule = self
             .rule
             .clone()
-            .with_integrity(config.guard.policy(Some(&name)), ids);
+            .with_integrity(config.guard.policy(Some(&name)), ids)
+            .with_failure_policy(config.econfig.arena_failure_policy);
         self.integrity_profile = crate::run::settings::integrity_profile(config, &name);
         Ok(())
     }

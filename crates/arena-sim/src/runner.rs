@@ -115,9 +115,10 @@ impl CommandRunnerDef {
     }
 }
 
-/// A failure a runner injects: with `probability`, a task ends with `status` (any of the reference's failure
-/// statuses). `EVAL_FAILED` strikes after the run, as a grader crash; the others before the model is called.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A failure a runner injects: with `probability`, a task ends with `status` (any of Arena's failure
+/// statuses, `ERROR` included). `EVAL_FAILED` strikes after the run, as a grader crash; the others before the
+/// model is called, unless `after_run` says the harness failed once its dialogue with the model was over.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerFault {
     /// The terminal status, e.g. `HARNESS_FAILED` or `EVAL_FAILED`.
@@ -125,6 +126,56 @@ pub struct RunnerFault {
     /// The chance per task.
     #[serde(default = "one")]
     pub probability: f64,
+    /// A GameAgent outcome code the failure reports as AReaL-Harness writes it: `raw.outcome` (schema
+    /// `areal.envarena-outcome.v1`) and a `GAMEAGENT_OUTCOME_CODE=<code>` marker in `raw.error`
+    /// (`arena-2026.md` 2.8). Written verbatim, so a malformed code can be injected too.
+    #[serde(default)]
+    pub outcome_code: Option<String>,
+    /// Strike after the run's dialogue with the model (so the session has interactions) instead of before
+    /// the first model call.
+    #[serde(default)]
+    pub after_run: bool,
+}
+
+impl RunnerFault {
+    /// A fault that always ends a task with `status`, before the model is called.
+    pub fn always(status: &str) -> Self {
+        Self {
+            status: status.to_string(),
+            probability: 1.0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether it strikes before the model is called (not after the run, not a grader crash).
+    pub(crate) fn before_run(&self) -> bool {
+        !self.after_run && TaskStatus::parse(&self.status) != TaskStatus::EvalFailed
+    }
+
+    /// The status it ends a task with.
+    pub(crate) fn task_status(&self) -> TaskStatus {
+        TaskStatus::parse(&self.status)
+    }
+
+    /// The `raw` fields of the failure: its error text, and its outcome code in both of the harness's forms.
+    pub(crate) fn raw(&self) -> Value {
+        let status = self.task_status();
+        match &self.outcome_code {
+            None => json!({"error": format!("harness: injected {status}")}),
+            Some(code) => json!({
+                "error": format!(
+                    "harness: injected {status}\nGAMEAGENT_OUTCOME_CODE={code} GAMEAGENT_OUTCOME_CLASS=model"
+                ),
+                "outcome": {
+                    "schema": "areal.envarena-outcome.v1",
+                    "code": code,
+                    "class": "model",
+                    "source": "arena-sim",
+                    "details": {"reason": "injected"},
+                },
+            }),
+        }
+    }
 }
 
 fn default_max_turns() -> u32 {
@@ -203,7 +254,7 @@ impl RunnerDef {
         for (i, f) in faults.iter().enumerate() {
             if !TaskStatus::parse(&f.status).is_failure() {
                 problems.push(format!(
-                    "{at}.faults[{i}].status {:?} is not a failure status (CANCELLED, COLLECT_FAILED, \
+                    "{at}.faults[{i}].status {:?} is not a failure status (CANCELLED, COLLECT_FAILED, ERROR, \
                      EVAL_FAILED, FAILED, HARNESS_FAILED, NO_OUTPUT, SETUP_FAILED, TIMEOUT)",
                     f.status
                 ));
@@ -251,12 +302,9 @@ pub(crate) fn task_of(ctx: &HarnessContext) -> Result<TaskInstance, Box<HarnessO
 
 /// The injected failure for one task, if any: drawn from the world's seed and the task id, so a run
 /// replays.
-pub(crate) fn injected(faults: &[RunnerFault], seed: u64, task_id: &str) -> Option<TaskStatus> {
+pub(crate) fn injected<'a>(faults: &'a [RunnerFault], seed: u64, task_id: &str) -> Option<&'a RunnerFault> {
     let mut rng = StdRng::seed_from_u64(seed ^ fnv1a(task_id.as_bytes()));
-    faults.iter().find_map(|f| {
-        let hit = f.probability >= 1.0 || (f.probability > 0.0 && rng.random_bool(f.probability));
-        hit.then(|| TaskStatus::parse(&f.status))
-    })
+    faults.iter().find(|f| f.probability >= 1.0 || (f.probability > 0.0 && rng.random_bool(f.probability)))
 }
 
 /// Grades, turning a crashing grader (a panic, or an injected `EVAL_FAILED`) into an error.

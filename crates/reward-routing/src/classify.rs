@@ -2,7 +2,7 @@
 //! the model something (a zero reward) and which must be rejected, under one of the named [`FailurePolicy`]s.
 
 use serde_json::Value;
-use stream_config::TaskStatus;
+use stream_config::{FailurePolicy, TaskStatus};
 
 use crate::harness::outcome_code;
 
@@ -14,30 +14,6 @@ pub const MODEL_OUTCOME_CODES: [&str; 4] = [
     "AUTONOMOUS_INCOMPLETE_NO_SHIP",
     "LLM_RESPONSE_TIMEOUT",
 ];
-
-/// Which rules decide a failed task's disposition; the names are those of the AReaL versions they follow.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum FailurePolicy {
-    /// AReaL's merged main (#1702 with #1746 and #1748), what AReaL runs today: [`FailurePolicy::Pr1547`]'s
-    /// rules plus a GameAgent outcome code of [`MODEL_OUTCOME_CODES`] as model evidence (`LLM_RESPONSE_FAILED`
-    /// and `GAMEAGENT_RUN_FAILED` stay unattributed unless a context overflow says otherwise).
-    #[default]
-    MergedMain,
-    /// The rules of AReaL #1547, which this project started from (reference section 4.4): `NO_OUTPUT` and
-    /// `TIMEOUT` with interactions, and `HARNESS_FAILED` with interactions and a context overflow or the
-    /// Claude agent-phase text, are the model's.
-    Pr1547,
-}
-
-impl FailurePolicy {
-    /// The setting's value naming the policy.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MergedMain => "merged_main",
-            Self::Pr1547 => "pr1547",
-        }
-    }
-}
 
 /// The first phrase a Claude Harness writes into `raw.error` when the agent phase failed.
 pub const CLAUDE_AGENT_PHASE_EXITED: &str = "harness: harness agent phase exited with code";

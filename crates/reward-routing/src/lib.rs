@@ -40,8 +40,7 @@ pub use audit::{
     open_private_file,
 };
 pub use classify::{
-    CLAUDE_AGENT_PHASE_EXITED, CLAUDE_REPORTED_ERROR, Failure, FailureDisposition, FailurePolicy,
-    MODEL_OUTCOME_CODES, classify_failure, is_claude_agent_phase_failure,
+    CLAUDE_AGENT_PHASE_EXITED, CLAUDE_REPORTED_ERROR, Failure, FailureDisposition, MODEL_OUTCOME_CODES, classify_failure, is_claude_agent_phase_failure,
 };
 pub use error::{Error, Result, TransformError};
 pub use harness::{
@@ -60,7 +59,7 @@ pub use outcome::{
 };
 pub use reward::{RewardRule, RewardSettings};
 pub use route::{AfterExport, Decision, RejectReason, Routed, route_outcome};
-pub use stream_config::{IntegrityPolicy, RewardRef, TaskStatus};
+pub use stream_config::{FailurePolicy, IntegrityPolicy, RewardRef, TaskStatus};
 pub use transform::{
     ASTRA_DEFAULT_THRESHOLD, ASTRA_PARTIAL_REWARD, AstraPartialReward, IDENTITY_REWARD, IdentityReward,
     REFERENCE_MODULE, ResolvedTransform, RewardTransform, ScoreOutOfRange, TransformRegistry,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use stream_config::IntegrityPolicy;
 
-use crate::classify::FailurePolicy;
+use stream_config::FailurePolicy;
 use crate::error::{Error, Result};
 use crate::outcome::{RowMeta, TaskOutcome};
 use crate::transform::{ResolvedTransform, TransformRegistry};

@@ -153,6 +153,8 @@ pub struct Routed {
     pub metrics: Vec<Metric>,
     record: Option<AuditRecord>,
     episode_metrics: Vec<Metric>,
+    scope: Scope,
+    session_id: Option<String>,
 }
 
 /// What to record once a trained rollout's session export is known.
@@ -199,6 +201,42 @@ impl Routed {
                 .clone()
                 .map(|record| record.with_training_score(training_score)),
         }
+    }
+
+    /// The episode metadata AReaL stamps on every exported interaction (`arena-2026.md` 2.8): `session_id`
+    /// when there is one; with a task result, `arena_task_id` and `arena_status`; for `HARNESS_FAILED`,
+    /// `harness_outcome_code` (one of [`HARNESS_OUTCOME_METRIC_CODES`] or `OTHER`).
+    pub fn episode_metadata(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut meta = serde_json::Map::new();
+        if let Some(id) = &self.session_id {
+            meta.insert("session_id".into(), id.clone().into());
+        }
+        if let Some(record) = &self.record {
+            meta.insert("arena_task_id".into(), record.task_id.clone().into());
+            meta.insert("arena_status".into(), record.status.as_str().into());
+            if let Some(code) = &record.harness_outcome_code {
+                meta.insert("harness_outcome_code".into(), code.clone().into());
+            }
+        }
+        meta
+    }
+
+    /// The turn metrics of an exported rollout whose last trajectory holds `num_turns` interactions
+    /// (`arena-2026.md` 2.8): `num_turns`, then `num_turns_no_harness_err` or, for a `HARNESS_FAILED` task,
+    /// `num_turns_harness_err` and `num_turns_harness_err/<CODE|OTHER>`. Each is recorded only for the rollouts
+    /// it describes, so its mean is AReaL's average over its own denominator.
+    pub fn turn_metrics(&self, num_turns: usize) -> Vec<Metric> {
+        let n = num_turns as f64;
+        let scope = self.scope;
+        let mut metrics = vec![scope.metric("num_turns", n)];
+        match self.record.as_ref().and_then(|r| r.harness_outcome_code.as_deref()) {
+            Some(code) => {
+                metrics.push(scope.metric("num_turns_harness_err", n));
+                metrics.push(scope.metric(format_args!("num_turns_harness_err/{code}"), n));
+            }
+            None => metrics.push(scope.metric("num_turns_no_harness_err", n)),
+        }
+        metrics
     }
 
     /// The sample's result for group post-processing, once its export is known.
@@ -323,6 +361,8 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
         metrics,
         record,
         episode_metrics,
+        scope,
+        session_id: episode.session_id.clone().filter(|s| !s.is_empty()),
     }
 }
 

@@ -678,10 +678,15 @@ impl Generation {
             None,
             Instant::now(),
         );
-        if error.kind.status().is_server_error()
-            && let Ok(s) = store.get_mut(&self.prepared.session)
-        {
-            s.system_error.get_or_insert_with(|| error.message.clone());
+        if let Ok(s) = store.get_mut(&self.prepared.session) {
+            if error.kind.status().is_server_error() {
+                s.system_error.get_or_insert_with(|| error.message.clone());
+            } else if error.kind == ApiErrorKind::ContextLengthExceeded {
+                // The engine's own refusal (SGLang counting prompt plus completion) is the same overflow the
+                // local check finds, only found later; AReaL #1751 flags it as a system error instead, which
+                // would reject a task Arena graded. See docs/failure-dispositions.md.
+                s.context_overflow.get_or_insert_with(|| error.message.clone());
+            }
         }
         drop(store);
         Metrics::add(&shared.metrics.aborted_generations, 1);

@@ -116,6 +116,31 @@ impl FromStr for RouteMode {
     }
 }
 
+/// Which rules decide what a failed Arena task means for training (`econfig.arena_failure_policy`;
+/// `arena-2026.md` 2.3-2.4, docs/failure-dispositions.md). The names are those of the AReaL versions whose
+/// rules they follow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// AReaL's merged main (#1702 with #1746 and #1748), what AReaL runs today: #1547's rules plus a
+    /// GameAgent outcome code of the allow-list as model evidence.
+    #[default]
+    MergedMain,
+    /// The rules of AReaL #1547, which this project started from (reference section 4.4), for Arena
+    /// deployments that report no outcome codes.
+    Pr1547,
+}
+
+impl FailurePolicy {
+    /// The setting's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MergedMain => "merged_main",
+            Self::Pr1547 => "pr1547",
+        }
+    }
+}
+
 /// The status of an Arena task, as the result envelope reports it (trimmed and upper-cased).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum TaskStatus {

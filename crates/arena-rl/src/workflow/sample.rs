@@ -123,6 +123,7 @@ impl Workflow {
             proxy_system_error: end.system_error,
             integrity_hits: end.integrity_hits.clone(),
             scope,
+            session_id: Some(session.session_id.clone()),
         };
         let routed = route_outcome(&episode, &stream.rule);
         record.routing = Some(routing_facts(&report, &routed));
@@ -196,11 +197,17 @@ impl Workflow {
         {
             tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "set_reward failed");
         }
-        let trajectories = self.export(session, reward).await;
+        let mut trajectories = self.export(session, reward).await;
         let findings = integrity_findings(&trajectories);
         let nonempty = reward.is_some() && !trajectories.is_empty();
         let after = routed.after_export(nonempty);
         metrics.extend(after.metrics);
+        if nonempty {
+            stamp_episode_metadata(&mut trajectories, routed);
+            if let Some(last) = trajectories.last() {
+                metrics.extend(routed.turn_metrics(last.interaction_ids.len()));
+            }
+        }
         record.verdict = match routed.sample_result(nonempty) {
             SampleResult::Reward(r) => {
                 record.trajectories = trajectories;
@@ -236,6 +243,21 @@ impl Workflow {
                 tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "export failed");
                 Vec::new()
             }
+        }
+    }
+}
+
+/// Merges the episode's metadata (`session_id`, `arena_task_id`, `arena_status`, `harness_outcome_code`) into
+/// every exported trajectory's `metadata`, as AReaL stamps it on every exported interaction
+/// (`arena-2026.md` 2.5 step 9); a trajectory whose metadata is not an object gets one.
+fn stamp_episode_metadata(trajectories: &mut [ExportedTrajectory], routed: &Routed) {
+    let meta = routed.episode_metadata();
+    for t in trajectories {
+        if !t.metadata.is_object() {
+            t.metadata = serde_json::Value::Object(serde_json::Map::new());
+        }
+        if let Some(object) = t.metadata.as_object_mut() {
+            object.extend(meta.clone());
         }
     }
 }

@@ -187,10 +187,12 @@ async fn injected_faults_end_in_trained_or_counted_groups_and_nothing_leaks() {
             RunnerFault {
                 status: "HARNESS_FAILED".into(),
                 probability: 0.1,
+                ..Default::default()
             },
             RunnerFault {
                 status: "EVAL_FAILED".into(),
                 probability: 0.05,
+                ..Default::default()
             },
         ];
     }
@@ -315,6 +317,7 @@ async fn collect_failed_is_a_typed_failure_8_1_54() {
         def.faults = vec![RunnerFault {
             status: "COLLECT_FAILED".into(),
             probability: 1.0,
+            ..Default::default()
         }];
     }
     let sim = ArenaSim::start(w).await.unwrap();

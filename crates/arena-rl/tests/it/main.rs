@@ -1,6 +1,7 @@
 //! The `arena-rl` binary, run as a user runs it.
 
 mod config;
+mod dispositions;
 mod errors;
 mod eval;
 mod grpo;

@@ -14,7 +14,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use stream_config::TaskStatus;
 
-use super::{CommandRunnerDef, custom_headers, grade, graded_raw, injected, merged, outcome, task_of};
+use super::{
+    CommandRunnerDef, RunnerFault, custom_headers, grade, graded_raw, injected, merged, outcome, task_of,
+};
 use crate::harness::{Harness, HarnessContext, HarnessOutcome, HarnessRun, LaunchReply};
 use crate::tasks::{LOOKUP, TaskInstance, ToolCall};
 
@@ -88,9 +90,8 @@ impl Inner {
             "command": program,
         });
         let fault = injected(&self.def.faults, self.seed, &ctx.task_id);
-        if let Some(status) = fault.clone().filter(|s| *s != TaskStatus::EvalFailed) {
-            let raw = json!({"error": format!("harness: injected {status}")});
-            return outcome(status, None, merged(base, raw));
+        if let Some(f) = fault.filter(|f| f.before_run()) {
+            return outcome(f.task_status(), None, merged(base, f.raw()));
         }
         let dir = match Workdir::create(&task) {
             Ok(d) => d,
@@ -124,6 +125,9 @@ impl Inner {
             }
             Ok(Ok(output)) => output,
         };
+        if let Some(f) = fault.filter(|f| f.after_run) {
+            return outcome(f.task_status(), None, merged(base, f.raw()));
+        }
         judge(&ctx, &task, &program, base, &output, &calls, fault)
     }
 
@@ -179,7 +183,7 @@ fn judge(
     base: Value,
     output: &std::process::Output,
     calls: &[ToolCall],
-    fault: Option<TaskStatus>,
+    fault: Option<&RunnerFault>,
 ) -> HarnessOutcome {
     let secrets = secrets(ctx);
     let stdout = redact(&String::from_utf8_lossy(&output.stdout), &secrets);
@@ -214,7 +218,7 @@ fn judge(
         return outcome(TaskStatus::NoOutput, None, merged(base, raw));
     }
     ctx.set_status("EVALUATING");
-    let crash = fault == Some(TaskStatus::EvalFailed);
+    let crash = fault.is_some_and(|f| f.task_status() == TaskStatus::EvalFailed);
     match grade(task, Some(&answer), calls, crash) {
         Ok(g) => outcome(
             TaskStatus::Done,

@@ -178,9 +178,9 @@ impl Inner {
             "protocol": self.protocol,
         });
         let fault = injected(&self.def.faults, self.seed, &ctx.task_id);
-        if let Some(status) = fault.clone().filter(|s| *s != TaskStatus::EvalFailed) {
-            let raw = json!({"error": format!("harness: injected {status}"), "model_calls": 0});
-            return outcome(status, None, merged(base, raw));
+        if let Some(f) = fault.filter(|f| f.before_run()) {
+            let raw = merged(f.raw(), json!({"model_calls": 0}));
+            return outcome(f.task_status(), None, merged(base, raw));
         }
         let conn = Connection::from_launch(self.protocol, &ctx.request);
         let mut progress = Progress::default();
@@ -189,6 +189,9 @@ impl Inner {
         let result = tokio::time::timeout(limit, self.dialogue(&conn, &task, turns, &mut progress)).await;
         let facts = json!({"model_calls": progress.model_calls, "tool_calls": progress.tool_calls});
         let base = merged(base, facts);
+        if let Some(f) = fault.filter(|f| f.after_run) {
+            return outcome(f.task_status(), None, merged(base, f.raw()));
+        }
         let answer = match result {
             Err(_) => {
                 let raw = json!({"error": format!(
@@ -210,7 +213,7 @@ impl Inner {
             return outcome(TaskStatus::NoOutput, None, merged(base, raw));
         };
         ctx.set_status("EVALUATING");
-        let crash = fault == Some(TaskStatus::EvalFailed);
+        let crash = fault.is_some_and(|f| f.task_status() == TaskStatus::EvalFailed);
         match grade(&task, Some(&answer), &progress.tool_calls, crash) {
             Ok(g) => {
                 let raw = graded_raw(&task, &g, &answer, &progress.tool_calls);

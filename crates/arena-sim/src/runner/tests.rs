@@ -262,6 +262,7 @@ fn injected_failures_replay_from_the_seed() {
     let faults = [RunnerFault {
         status: "NO_OUTPUT".into(),
         probability: 0.3,
+        ..Default::default()
     }];
     let draw = |seed: u64| -> Vec<bool> {
         (0..200)
@@ -284,6 +285,7 @@ fn configuration_problems_are_named() {
         faults: vec![RunnerFault {
             status: "DONE".into(),
             probability: 2.0,
+            ..Default::default()
         }],
     });
     insta::assert_json_snapshot!("runner_problems", bad.problems("runners.x"));

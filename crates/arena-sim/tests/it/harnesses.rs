@@ -424,6 +424,7 @@ async fn failures_surface_as_the_reference_statuses() {
                 faults: vec![RunnerFault {
                     status: "EVAL_FAILED".into(),
                     probability: 1.0,
+                    ..Default::default()
                 }],
                 ..LlmRunnerDef::default()
             },
@@ -441,11 +442,44 @@ async fn failures_surface_as_the_reference_statuses() {
                 faults: vec![RunnerFault {
                     status: "harness_failed".into(),
                     probability: 1.0,
+                    ..Default::default()
                 }],
                 ..LlmRunnerDef::default()
             },
             status: TaskStatus::HarnessFailed,
             error: &["harness: injected harness_failed"],
+            not_in_error: &[],
+            model_calls: 0,
+        },
+        Case {
+            what: "a GameAgent outcome code once the model answered (arena-2026.md 2.8)",
+            protocol: LlmProtocol::ChatCompletions,
+            replies: vec![Reply::Text("7".into())],
+            data_id: None,
+            runner: LlmRunnerDef {
+                faults: vec![RunnerFault {
+                    outcome_code: Some("AGENT_MAX_TURNS_EXCEEDED".into()),
+                    after_run: true,
+                    ..RunnerFault::always("HARNESS_FAILED")
+                }],
+                ..LlmRunnerDef::default()
+            },
+            status: TaskStatus::HarnessFailed,
+            error: &["GAMEAGENT_OUTCOME_CODE=AGENT_MAX_TURNS_EXCEEDED GAMEAGENT_OUTCOME_CLASS=model"],
+            not_in_error: &[],
+            model_calls: 1,
+        },
+        Case {
+            what: "the grader's own ERROR status",
+            protocol: LlmProtocol::Anthropic,
+            replies: vec![],
+            data_id: None,
+            runner: LlmRunnerDef {
+                faults: vec![RunnerFault::always("ERROR")],
+                ..LlmRunnerDef::default()
+            },
+            status: TaskStatus::Error,
+            error: &["harness: injected ERROR"],
             not_in_error: &[],
             model_calls: 0,
         },
@@ -490,6 +524,10 @@ async fn failures_surface_as_the_reference_statuses() {
         }
         for phrase in case.not_in_error {
             assert!(!error.contains(phrase), "{what}: {error:?} has {phrase:?}");
+        }
+        if error.contains("gameagent_outcome_code=") {
+            assert_eq!(result.raw["outcome"]["code"], "AGENT_MAX_TURNS_EXCEEDED", "{what}");
+            assert_eq!(result.raw["outcome"]["schema"], "areal.envarena-outcome.v1", "{what}");
         }
         let calls = result.raw.get("model_calls").and_then(Value::as_u64).unwrap_or(0);
         assert_eq!(calls, case.model_calls, "{what}: {}", result.raw);

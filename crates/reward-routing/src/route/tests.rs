@@ -610,3 +610,32 @@ fn harness_outcome_codes_reach_metrics_and_the_audit_record() {
     );
     assert!(matches!(routed.decision, Decision::Reject(RejectReason::UnknownFailure { .. })));
 }
+
+/// `arena-2026.md` 2.8: the metadata stamped on exported interactions, and the turn metrics split by harness
+/// outcome.
+#[test]
+fn episode_metadata_and_turn_metrics_follow_the_task() {
+    let routed = route_outcome(&episode(Outcome::Task(task("DONE", Some(1.0), json!({})))), &rule(None, ""));
+    assert_eq!(
+        Value::Object(routed.episode_metadata()),
+        json!({"session_id": "sess-1", "arena_task_id": "task-1", "arena_status": "DONE"})
+    );
+    let names: Vec<_> = routed.turn_metrics(4).into_iter().map(|m| (m.name, m.value)).collect();
+    assert_eq!(
+        names,
+        [("rollout/num_turns".to_string(), 4.0), ("rollout/num_turns_no_harness_err".to_string(), 4.0)]
+    );
+    let failed = task("HARNESS_FAILED", None, json!({"outcome": {"code": "AGENT_RUN_TIMEOUT"}}));
+    let routed = route_outcome(&episode(Outcome::Task(failed)), &rule(None, ""));
+    assert_eq!(routed.decision, Decision::ZeroReward);
+    assert_eq!(
+        Value::Object(routed.episode_metadata()),
+        json!({"session_id": "sess-1", "arena_task_id": "task-1", "arena_status": "HARNESS_FAILED",
+               "harness_outcome_code": "AGENT_RUN_TIMEOUT"})
+    );
+    let names: Vec<_> = routed.turn_metrics(2).into_iter().map(|m| m.name).collect();
+    assert_eq!(
+        names,
+        ["rollout/num_turns", "rollout/num_turns_harness_err", "rollout/num_turns_harness_err/AGENT_RUN_TIMEOUT"]
+    );
+}

@@ -260,8 +260,17 @@ fn user_blocks(i: usize, blocks: Vec<Value>, out: &mut Vec<Value>) -> Result<(),
                     "tool_call_id": id,
                     "content": block.get("content").cloned().unwrap_or_else(|| Value::String(String::new())),
                 });
-                if block.get("is_error").and_then(Value::as_bool) == Some(true) {
-                    tool["is_error"] = Value::Bool(true);
+                // An explicit `is_error` is carried as given, `false` included (AReaL #1747), so a template
+                // can tell "succeeded" from "not said"; Anthropic's API accepts only a boolean there.
+                match block.get("is_error") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::Bool(b)) => tool["is_error"] = Value::Bool(*b),
+                    Some(_) => {
+                        return Err(bad_message(
+                            format!("messages[{i}].content[{j}].is_error"),
+                            "must be a boolean",
+                        ));
+                    }
                 }
                 out.push(tool);
             }

@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::error::{ApiError, Protocol};
+use crate::error::{ApiError, ApiErrorKind, Protocol};
 use crate::generation::{
     self, FinishKind, GenEvent, Generation, GenerationInput, Prepared, Summary, ToolCallOut,
 };
@@ -347,6 +347,12 @@ impl SseProtocol for ChatStream {
     }
 
     fn error(&mut self, error: &ApiError, out: &mut BytesMut) {
-        sse::data(out, &error.clone().in_protocol(Protocol::OpenAi).body());
+        let mut body = error.clone().in_protocol(Protocol::OpenAi).body();
+        // Inside a stream an overflow is typed as AReaL's proxy types it (`arena-2026.md` 2.11), so a harness
+        // that reads only `type` compacts instead of retrying; the 400 before a stream keeps OpenAI's type.
+        if error.kind == ApiErrorKind::ContextLengthExceeded {
+            body["error"]["type"] = "context_length_exceeded".into();
+        }
+        sse::data(out, &body);
     }
 }

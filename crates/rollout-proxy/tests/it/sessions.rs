@@ -407,3 +407,55 @@ async fn idle_sessions_expire_on_the_sweeper_timer() {
     assert_eq!(r.status(), StatusCode::GONE);
     sweeper.abort();
 }
+
+/// `arena-2026.md` 2.11 item 3: an overflow the engine reports after a stream's headers went out (SGLang's
+/// refusal of a streamed request) arrives as a typed `context_length_exceeded` error event in each protocol,
+/// not a generic server error, so a harness compacts instead of retrying; the session records an overflow.
+#[tokio::test]
+async fn an_overflow_after_the_stream_started_is_a_typed_event_in_every_protocol() {
+    let p = Proxy::default().await;
+    let overflow = || EngineError::ContextLengthExceeded { prompt: 120, max: 100 };
+    let last_data = |text: &str| -> serde_json::Value {
+        let line = text
+            .lines()
+            .rfind(|l| l.starts_with("data: ") && *l != "data: [DONE]")
+            .expect("a data line");
+        serde_json::from_str(line.trim_start_matches("data: ")).expect("json")
+    };
+
+    let (_, key) = p.session("chat").await;
+    p.engine.fail_next(overflow());
+    let r = p
+        .chat(&key, json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "the stream had started");
+    let error = &last_data(&r.text)["error"];
+    assert_eq!(error["type"], "context_length_exceeded", "{}", r.text);
+    assert_eq!(error["code"], "context_length_exceeded", "{}", r.text);
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    let end = p.end(&key).await.json();
+    assert_eq!(end["context_overflow"], json!(true), "{end}");
+
+    let (_, key) = p.session("messages").await;
+    p.engine.fail_next(overflow());
+    let r = p
+        .messages(
+            &key,
+            json!({"model": "m", "max_tokens": 16, "stream": true,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let event = last_data(&r.text);
+    assert_eq!(event["type"], "error", "{}", r.text);
+    assert_eq!(event["error"]["message"], "prompt is too long: 120 tokens > 100 maximum");
+    assert_eq!(event["detail"]["type"], "context_length_exceeded");
+
+    let (_, key) = p.session("responses").await;
+    p.engine.fail_next(overflow());
+    let r = p.responses(&key, json!({"input": "hi", "stream": true})).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let failed = last_data(&r.text);
+    assert_eq!(failed["type"], "response.failed", "{}", r.text);
+    assert_eq!(failed["response"]["error"]["code"], "context_length_exceeded");
+}

@@ -10,7 +10,7 @@ use crate::error::Collector;
 use crate::path::KeyPath;
 use crate::schema::Seconds;
 use crate::schema::lenient_json;
-use crate::vocab::LlmProtocol;
+use crate::vocab::{FailurePolicy, LlmProtocol};
 
 /// Where training prompts come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -80,6 +80,10 @@ pub struct EConfig {
     /// so Arena answers with that task and the run collects it; without it those tasks are left running, named
     /// in one warning.
     pub arena_cancel_tasks: bool,
+    /// Which rules decide what a failed task means for training: `merged_main` (the default, AReaL's main
+    /// today), `pr1547` (the rules of AReaL #1547, for an Arena that reports no outcome codes); see
+    /// docs/failure-dispositions.md.
+    pub arena_failure_policy: FailurePolicy,
     /// Legacy single-stream mode: the Harness protocol (`anthropic`, `responses`, `chat_completions`);
     /// empty means inferred from the harness.
     pub arena_llm_protocol: String,
@@ -125,6 +129,7 @@ impl Default for EConfig {
             arena_inbound_protos: vec!["chat".to_string()],
             arena_idempotent_launch: false,
             arena_cancel_tasks: false,
+            arena_failure_policy: FailurePolicy::MergedMain,
             arena_llm_protocol: String::new(),
             arena_harness: String::new(),
             arena_task_envs: BTreeMap::new(),

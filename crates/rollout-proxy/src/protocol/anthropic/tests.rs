@@ -84,6 +84,10 @@ fn malformed_messages_name_the_place() {
             json!([{"role": "tool", "content": "x"}]),
             "messages[0].role must be",
         ),
+        (
+            json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}]}]),
+            "messages[0].content[0].is_error must be a boolean",
+        ),
     ] {
         let e = check(None, messages).expect_err(needle);
         assert!(e.message.contains(needle), "{}", e.message);
@@ -117,4 +121,27 @@ fn tool_inputs_are_always_objects() {
     };
     assert_eq!(tool_input(&call("{\"a\":1}")), json!({"a": 1}));
     assert_eq!(tool_input(&call("[1]")), json!({"value": [1]}));
+}
+
+/// AReaL #1747: an explicit `is_error` is carried both ways, `false` as well as `true`; an absent one stays
+/// absent.
+#[test]
+fn an_explicit_is_error_is_carried_true_and_false() {
+    let out = check(
+        None,
+        json!([{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "a", "content": "ok", "is_error": false},
+            {"type": "tool_result", "tool_use_id": "b", "content": "bad", "is_error": true},
+            {"type": "tool_result", "tool_use_id": "c", "content": "?"},
+        ]}]),
+    )
+    .expect("translates");
+    assert_eq!(
+        out,
+        vec![
+            json!({"role": "tool", "tool_call_id": "a", "content": "ok", "is_error": false}),
+            json!({"role": "tool", "tool_call_id": "b", "content": "bad", "is_error": true}),
+            json!({"role": "tool", "tool_call_id": "c", "content": "?"}),
+        ]
+    );
 }

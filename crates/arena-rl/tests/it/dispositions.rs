@@ -1,0 +1,108 @@
+//! Arena's current contract through the loop (`arena-2026.md` 2.4, 2.8): harness outcome codes from
+//! arena-sim's harness reach the metrics, the exported trajectories' metadata and the audit shards, and
+//! the failure policy decides what they mean for training.
+
+use std::path::Path;
+
+use arena_rl::run::{RunSummary, rollout_only};
+use arena_sim::{ArenaSim, RunnerDef, RunnerFault, World};
+use serde_json::Value;
+
+use crate::support::{OracleEngine, config, env, model_folder};
+
+/// The quickstart world with every LLM runner ending its tasks with `fault`.
+fn world_failing_with(fault: RunnerFault) -> World {
+    let mut w = World::quickstart();
+    w.token = "sim-token".into();
+    for runner in w.runners.values_mut() {
+        if let RunnerDef::Chat(d) | RunnerDef::Anthropic(d) | RunnerDef::Responses(d) = runner {
+            d.faults = vec![fault.clone()];
+        }
+    }
+    w
+}
+
+async fn rollout(sim: &ArenaSim, root: &Path, extra: &[&str]) -> RunSummary {
+    let model = model_folder(root);
+    let mut all = vec![
+        "actor.total_train_steps=1",
+        "train_dataset.batch_size=1",
+        "gconfig.n_samples=2",
+    ];
+    all.extend_from_slice(extra);
+    let config = config(&sim.base_url(), root, &model, &all);
+    rollout_only(config, &env(), Some(OracleEngine::new(&model, 0).handle()))
+        .await
+        .expect("the rollout runs")
+}
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+fn audit_lines(summary: &RunSummary) -> Vec<Value> {
+    let dir = summary.run_dir.join("arena_results");
+    std::fs::read_dir(&dir)
+        .expect("audit shards")
+        .flat_map(|e| jsonl(&e.expect("entry").path()))
+        .collect()
+}
+
+/// A harness that failed with `AGENT_MAX_TURNS_EXCEEDED` after talking to the model: merged main trains it
+/// at reward 0 and stamps the code on every exported trajectory; #1547's rules reject it; both count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_code_is_counted_stamped_and_audited_and_the_policy_decides_its_fate() {
+    let fault = RunnerFault {
+        outcome_code: Some("AGENT_MAX_TURNS_EXCEEDED".into()),
+        after_run: true,
+        ..RunnerFault::always("HARNESS_FAILED")
+    };
+    let sim = ArenaSim::start(world_failing_with(fault)).await.expect("sim");
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let summary = rollout(&sim, root.path(), &[]).await;
+    let metrics = &jsonl(&summary.metrics_dir.join("metrics.jsonl"))[0];
+    assert_eq!(metrics["rollout/harness_error/AGENT_MAX_TURNS_EXCEEDED"], 1.0, "{metrics}");
+    assert_eq!(metrics["rollout/harness_error/OTHER"], 0.0, "{metrics}");
+    assert_eq!(metrics["rollout/harness_success"], 0.0, "{metrics}");
+    assert_eq!(metrics["rollout/decision/zero_reward"], 1.0, "{metrics}");
+    assert!(metrics["rollout/num_turns_harness_err/AGENT_MAX_TURNS_EXCEEDED"].as_f64().unwrap() >= 1.0);
+    assert_eq!(metrics["rollout/all_wrong"], 1.0, "{metrics}");
+    let records = jsonl(&summary.run_dir.join("rollouts.jsonl"));
+    assert_eq!(records.len(), 2);
+    for rec in &records {
+        assert_eq!(rec["verdict"]["kind"], "reward", "{rec}");
+        let trajectories = rec["trajectories"].as_array().expect("trajectories");
+        assert!(!trajectories.is_empty());
+        for t in trajectories {
+            let meta = &t["metadata"];
+            assert_eq!(meta["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED", "{meta}");
+            assert_eq!(meta["arena_status"], "HARNESS_FAILED", "{meta}");
+            assert_eq!(meta["arena_task_id"], rec["task_id"], "{meta}");
+            assert_eq!(meta["session_id"], t["session_id"], "{meta}");
+        }
+    }
+    let audit = audit_lines(&summary);
+    assert_eq!(audit.len(), 2);
+    for line in &audit {
+        assert_eq!(line["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED", "{line}");
+        assert_eq!(line["training_score"], 0.0, "{line}");
+        assert_eq!(line["arena_task_id"], line["task_id"], "{line}");
+        assert!(line["session_id"].as_str().is_some_and(|s| !s.is_empty()), "{line}");
+    }
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let summary = rollout(&sim, root.path(), &["econfig.arena_failure_policy=pr1547"]).await;
+    let metrics = &jsonl(&summary.metrics_dir.join("metrics.jsonl"))[0];
+    assert_eq!(metrics["rollout/harness_error/AGENT_MAX_TURNS_EXCEEDED"], 1.0, "{metrics}");
+    assert_eq!(metrics["rollout/decision/reject"], 1.0, "{metrics}");
+    assert_eq!(metrics["rollout/reject/unknown_failure"], 1.0, "{metrics}");
+    for line in audit_lines(&summary) {
+        assert_eq!(line["training_score"], Value::Null, "{line}");
+        assert_eq!(line["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED", "{line}");
+    }
+}
