@@ -50,8 +50,8 @@ impl Decision {
 pub enum RejectReason {
     /// The proxy answered a request of the session with an internal error; this overrides the classifier.
     ProxySystemError,
-    /// Arena reported a system failure status (`CANCELLED`, `COLLECT_FAILED`, `EVAL_FAILED`, `FAILED`,
-    /// `SETUP_FAILED`).
+    /// Arena reported a system failure status (`CANCELLED`, `COLLECT_FAILED`, `ERROR`, `EVAL_FAILED`,
+    /// `FAILED`, `SETUP_FAILED`).
     SystemFailure {
         /// The status.
         status: TaskStatus,
