@@ -304,7 +304,9 @@ pub(crate) fn task_of(ctx: &HarnessContext) -> Result<TaskInstance, Box<HarnessO
 /// replays.
 pub(crate) fn injected<'a>(faults: &'a [RunnerFault], seed: u64, task_id: &str) -> Option<&'a RunnerFault> {
     let mut rng = StdRng::seed_from_u64(seed ^ fnv1a(task_id.as_bytes()));
-    faults.iter().find(|f| f.probability >= 1.0 || (f.probability > 0.0 && rng.random_bool(f.probability)))
+    faults
+        .iter()
+        .find(|f| f.probability >= 1.0 || (f.probability > 0.0 && rng.random_bool(f.probability)))
 }
 
 /// Grades, turning a crashing grader (a panic, or an injected `EVAL_FAILED`) into an error.

@@ -38,7 +38,10 @@ pub fn is_well_formed_code(code: &str) -> bool {
 /// The outcome code `raw` names: the first well-formed one of `raw.outcome.code`, `raw.outcome_code` and the
 /// markers in `raw.error`, in that order; `None` when there is none.
 pub fn outcome_code(raw: &Value) -> Option<&str> {
-    let from_object = raw.get("outcome").and_then(|o| o.get("code")).and_then(Value::as_str);
+    let from_object = raw
+        .get("outcome")
+        .and_then(|o| o.get("code"))
+        .and_then(Value::as_str);
     let flat = raw.get("outcome_code").and_then(Value::as_str);
     let markers = raw
         .get("error")

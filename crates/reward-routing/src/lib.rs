@@ -40,17 +40,18 @@ pub use audit::{
     open_private_file,
 };
 pub use classify::{
-    CLAUDE_AGENT_PHASE_EXITED, CLAUDE_REPORTED_ERROR, Failure, FailureDisposition, MODEL_OUTCOME_CODES, classify_failure, is_claude_agent_phase_failure,
+    CLAUDE_AGENT_PHASE_EXITED, CLAUDE_REPORTED_ERROR, Failure, FailureDisposition, MODEL_OUTCOME_CODES,
+    classify_failure, is_claude_agent_phase_failure,
 };
 pub use error::{Error, Result, TransformError};
-pub use harness::{
-    HARNESS_OUTCOME_METRIC_CODES, OTHER_CODE, OUTCOME_CODE_MARKER, has_outcome_format, is_well_formed_code,
-    metric_code, outcome_code,
-};
 pub use filter::{ALL_CORRECT_TOLERANCE, DynamicFilter, FilterCounters, FilterVerdict};
 pub use group::{
     Group, GroupRejection, GroupSample, GroupSettings, ROLLOUT_NORM_EPS, SampleResult, assemble_group,
     normalize_rollout,
+};
+pub use harness::{
+    HARNESS_OUTCOME_METRIC_CODES, OTHER_CODE, OUTCOME_CODE_MARKER, has_outcome_format, is_well_formed_code,
+    metric_code, outcome_code,
 };
 pub use metrics::{DEBUG_SCOPE, Lifecycle, Metric, Scope, group_metrics};
 pub use norm::{NormConfig, NormLevel, RewardConfig, SampleAdvantage};

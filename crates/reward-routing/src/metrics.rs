@@ -178,9 +178,10 @@ pub fn group_metrics(
         metrics.push(scope.flag(format_args!("{prefix}pass@k"), pass));
         metrics.push(scope.flag(format_args!("{prefix}all_correct"), solved == group_size));
         metrics.push(scope.flag(format_args!("{prefix}all_wrong"), solved == 0));
-        metrics.extend((0..=group_size).map(|c| {
-            scope.flag(format_args!("{prefix}group_pass_count_{c}_ratio"), c == solved)
-        }));
+        metrics.extend(
+            (0..=group_size)
+                .map(|c| scope.flag(format_args!("{prefix}group_pass_count_{c}_ratio"), c == solved)),
+        );
     }
     Ok(metrics)
 }

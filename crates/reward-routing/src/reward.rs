@@ -6,10 +6,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use stream_config::IntegrityPolicy;
 
-use stream_config::FailurePolicy;
 use crate::error::{Error, Result};
 use crate::outcome::{RowMeta, TaskOutcome};
 use crate::transform::{ResolvedTransform, TransformRegistry};
+use stream_config::FailurePolicy;
 
 /// A stream's reward settings, as its configuration gives them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

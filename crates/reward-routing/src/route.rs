@@ -229,7 +229,11 @@ impl Routed {
         let n = num_turns as f64;
         let scope = self.scope;
         let mut metrics = vec![scope.metric("num_turns", n)];
-        match self.record.as_ref().and_then(|r| r.harness_outcome_code.as_deref()) {
+        match self
+            .record
+            .as_ref()
+            .and_then(|r| r.harness_outcome_code.as_deref())
+        {
             Some(code) => {
                 metrics.push(scope.metric("num_turns_harness_err", n));
                 metrics.push(scope.metric(format_args!("num_turns_harness_err/{code}"), n));
@@ -327,7 +331,9 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
                 .map(|task_id| AuditRecord::local_wait(row, task_id, *cancelled));
             route_local_wait(episode, task_id.as_deref(), *cancelled, &mut metrics)
         }
-        Outcome::Error { message, stage } => route_error(episode, message.clone(), *stage, &mut metrics, rule),
+        Outcome::Error { message, stage } => {
+            route_error(episode, message.clone(), *stage, &mut metrics, rule)
+        }
     };
 
     let record = record.map(|r| r.with_session_id(episode.session_id.as_deref()));

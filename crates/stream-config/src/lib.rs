@@ -65,6 +65,6 @@ pub use stream::{
     load_stream_configs_with_env, parse_stream_config, reward_ref_drift,
 };
 pub use vocab::{
-    FailurePolicy, LlmProtocol, RouteMode, TRANSIENT_403_MARKER, TaskStatus, UNKNOWN_TASK_TYPE, metric_task_type,
-    task_type_from_tags,
+    FailurePolicy, LlmProtocol, RouteMode, TRANSIENT_403_MARKER, TaskStatus, UNKNOWN_TASK_TYPE,
+    metric_task_type, task_type_from_tags,
 };

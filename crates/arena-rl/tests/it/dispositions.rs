@@ -66,11 +66,19 @@ async fn an_outcome_code_is_counted_stamped_and_audited_and_the_policy_decides_i
     let root = tempfile::tempdir().expect("tempdir");
     let summary = rollout(&sim, root.path(), &[]).await;
     let metrics = &jsonl(&summary.metrics_dir.join("metrics.jsonl"))[0];
-    assert_eq!(metrics["rollout/harness_error/AGENT_MAX_TURNS_EXCEEDED"], 1.0, "{metrics}");
+    assert_eq!(
+        metrics["rollout/harness_error/AGENT_MAX_TURNS_EXCEEDED"], 1.0,
+        "{metrics}"
+    );
     assert_eq!(metrics["rollout/harness_error/OTHER"], 0.0, "{metrics}");
     assert_eq!(metrics["rollout/harness_success"], 0.0, "{metrics}");
     assert_eq!(metrics["rollout/decision/zero_reward"], 1.0, "{metrics}");
-    assert!(metrics["rollout/num_turns_harness_err/AGENT_MAX_TURNS_EXCEEDED"].as_f64().unwrap() >= 1.0);
+    assert!(
+        metrics["rollout/num_turns_harness_err/AGENT_MAX_TURNS_EXCEEDED"]
+            .as_f64()
+            .unwrap()
+            >= 1.0
+    );
     assert_eq!(metrics["rollout/all_wrong"], 1.0, "{metrics}");
     let records = jsonl(&summary.run_dir.join("rollouts.jsonl"));
     assert_eq!(records.len(), 2);
@@ -92,13 +100,19 @@ async fn an_outcome_code_is_counted_stamped_and_audited_and_the_policy_decides_i
         assert_eq!(line["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED", "{line}");
         assert_eq!(line["training_score"], 0.0, "{line}");
         assert_eq!(line["arena_task_id"], line["task_id"], "{line}");
-        assert!(line["session_id"].as_str().is_some_and(|s| !s.is_empty()), "{line}");
+        assert!(
+            line["session_id"].as_str().is_some_and(|s| !s.is_empty()),
+            "{line}"
+        );
     }
 
     let root = tempfile::tempdir().expect("tempdir");
     let summary = rollout(&sim, root.path(), &["econfig.arena_failure_policy=pr1547"]).await;
     let metrics = &jsonl(&summary.metrics_dir.join("metrics.jsonl"))[0];
-    assert_eq!(metrics["rollout/harness_error/AGENT_MAX_TURNS_EXCEEDED"], 1.0, "{metrics}");
+    assert_eq!(
+        metrics["rollout/harness_error/AGENT_MAX_TURNS_EXCEEDED"], 1.0,
+        "{metrics}"
+    );
     assert_eq!(metrics["rollout/decision/reject"], 1.0, "{metrics}");
     assert_eq!(metrics["rollout/reject/unknown_failure"], 1.0, "{metrics}");
     for line in audit_lines(&summary) {

@@ -526,8 +526,14 @@ async fn failures_surface_as_the_reference_statuses() {
             assert!(!error.contains(phrase), "{what}: {error:?} has {phrase:?}");
         }
         if error.contains("gameagent_outcome_code=") {
-            assert_eq!(result.raw["outcome"]["code"], "AGENT_MAX_TURNS_EXCEEDED", "{what}");
-            assert_eq!(result.raw["outcome"]["schema"], "areal.envarena-outcome.v1", "{what}");
+            assert_eq!(
+                result.raw["outcome"]["code"], "AGENT_MAX_TURNS_EXCEEDED",
+                "{what}"
+            );
+            assert_eq!(
+                result.raw["outcome"]["schema"], "areal.envarena-outcome.v1",
+                "{what}"
+            );
         }
         let calls = result.raw.get("model_calls").and_then(Value::as_u64).unwrap_or(0);
         assert_eq!(calls, case.model_calls, "{what}: {}", result.raw);

@@ -71,7 +71,10 @@ fn the_reference_table_holds() {
 fn errors_that_are_not_typed_task_failures_are_system_failures() {
     for (overflow, interactions) in [(false, 0), (true, 7)] {
         for policy in [FailurePolicy::MergedMain, FailurePolicy::Pr1547] {
-            assert_eq!(classify_failure(policy, Failure::Other, overflow, interactions), System);
+            assert_eq!(
+                classify_failure(policy, Failure::Other, overflow, interactions),
+                System
+            );
         }
     }
 }
@@ -129,18 +132,35 @@ fn merged_main_attributes_allow_listed_gameagent_codes_and_rejects_the_generic_o
     };
     let classify = |policy, raw: &Value, overflow, interactions| {
         let status = TaskStatus::HarnessFailed;
-        classify_failure(policy, Failure::Task { status: &status, raw }, overflow, interactions)
+        classify_failure(
+            policy,
+            Failure::Task { status: &status, raw },
+            overflow,
+            interactions,
+        )
     };
     for code in MODEL_OUTCOME_CODES {
         for raw in encodings(code) {
-            assert_eq!(classify(FailurePolicy::MergedMain, &raw, false, 2), Model, "{raw}");
-            assert_eq!(classify(FailurePolicy::MergedMain, &raw, false, 0), Unknown, "{raw}");
+            assert_eq!(
+                classify(FailurePolicy::MergedMain, &raw, false, 2),
+                Model,
+                "{raw}"
+            );
+            assert_eq!(
+                classify(FailurePolicy::MergedMain, &raw, false, 0),
+                Unknown,
+                "{raw}"
+            );
             assert_eq!(classify(FailurePolicy::Pr1547, &raw, false, 2), Unknown, "{raw}");
         }
     }
     for code in ["LLM_RESPONSE_FAILED", "GAMEAGENT_RUN_FAILED", "UNKNOWN_FAILURE"] {
         for raw in encodings(code) {
-            assert_eq!(classify(FailurePolicy::MergedMain, &raw, false, 2), Unknown, "{raw}");
+            assert_eq!(
+                classify(FailurePolicy::MergedMain, &raw, false, 2),
+                Unknown,
+                "{raw}"
+            );
             assert_eq!(classify(FailurePolicy::MergedMain, &raw, true, 2), Model, "{raw}");
         }
     }
@@ -150,6 +170,14 @@ fn merged_main_attributes_allow_listed_gameagent_codes_and_rejects_the_generic_o
     // Codes belong to HARNESS_FAILED: a system status stays a system failure.
     let status = TaskStatus::SetupFailed;
     let raw = json!({"outcome_code": "AGENT_MAX_TURNS_EXCEEDED"});
-    let got = classify_failure(FailurePolicy::MergedMain, Failure::Task { status: &status, raw: &raw }, false, 2);
+    let got = classify_failure(
+        FailurePolicy::MergedMain,
+        Failure::Task {
+            status: &status,
+            raw: &raw,
+        },
+        false,
+        2,
+    );
     assert_eq!(got, System);
 }

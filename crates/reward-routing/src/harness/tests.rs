@@ -17,7 +17,11 @@ fn the_first_well_formed_source_names_the_code() {
         Some("AGENT_MAX_TURNS_EXCEEDED"),
         "AGENT_MAX_TURNS_EXCEEDED",
     );
-    check(json!({"outcome_code": "AGENT_RUN_TIMEOUT"}), Some("AGENT_RUN_TIMEOUT"), "AGENT_RUN_TIMEOUT");
+    check(
+        json!({"outcome_code": "AGENT_RUN_TIMEOUT"}),
+        Some("AGENT_RUN_TIMEOUT"),
+        "AGENT_RUN_TIMEOUT",
+    );
     check(
         json!({"error": "run failed\nGAMEAGENT_OUTCOME_CODE=LLM_RESPONSE_TIMEOUT GAMEAGENT_OUTCOME_CLASS=model"}),
         Some("LLM_RESPONSE_TIMEOUT"),
@@ -35,8 +39,16 @@ fn the_first_well_formed_source_names_the_code() {
         "LLM_RESPONSE_FAILED",
     );
     // A well-formed code outside the metric set is OTHER; no code at all is OTHER too.
-    check(json!({"outcome_code": "UNKNOWN_FAILURE"}), Some("UNKNOWN_FAILURE"), OTHER_CODE);
-    check(json!({"error": "harness: injected HARNESS_FAILED"}), None, OTHER_CODE);
+    check(
+        json!({"outcome_code": "UNKNOWN_FAILURE"}),
+        Some("UNKNOWN_FAILURE"),
+        OTHER_CODE,
+    );
+    check(
+        json!({"error": "harness: injected HARNESS_FAILED"}),
+        None,
+        OTHER_CODE,
+    );
     check(Value::Null, None, OTHER_CODE);
     check(json!([1, 2]), None, OTHER_CODE);
 }

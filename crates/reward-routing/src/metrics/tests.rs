@@ -168,9 +168,21 @@ fn all_correct_all_wrong_and_pass_count_ratios_are_written_three_times() {
         let metrics = group_metrics(Scope::Rollout, &row("swe"), &raw, &rewards, 3).expect("metrics");
         for prefix in ["", "domain/swe/", "stream/astra/"] {
             let v = |name: &str| value(&metrics, &format!("rollout/{prefix}{name}"));
-            assert_eq!(v("all_correct"), f64::from(u8::from(solved == 3)), "{prefix} {rewards:?}");
-            assert_eq!(v("all_wrong"), f64::from(u8::from(solved == 0)), "{prefix} {rewards:?}");
-            assert_eq!(v("pass@k"), f64::from(u8::from(solved > 0)), "{prefix} {rewards:?}");
+            assert_eq!(
+                v("all_correct"),
+                f64::from(u8::from(solved == 3)),
+                "{prefix} {rewards:?}"
+            );
+            assert_eq!(
+                v("all_wrong"),
+                f64::from(u8::from(solved == 0)),
+                "{prefix} {rewards:?}"
+            );
+            assert_eq!(
+                v("pass@k"),
+                f64::from(u8::from(solved > 0)),
+                "{prefix} {rewards:?}"
+            );
             for c in 0..=3 {
                 let want = f64::from(u8::from(c == solved));
                 assert_eq!(v(&format!("group_pass_count_{c}_ratio")), want, "{prefix} {c}");

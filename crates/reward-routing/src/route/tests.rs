@@ -580,7 +580,10 @@ fn harness_outcome_codes_reach_metrics_and_the_audit_record() {
     assert_eq!(line["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED");
     // A generic failure is rejected at once and still counted, as OTHER when outside the metric set.
     for (raw, code) in [
-        (json!({"error": "x GAMEAGENT_OUTCOME_CODE=GAMEAGENT_RUN_FAILED"}), "GAMEAGENT_RUN_FAILED"),
+        (
+            json!({"error": "x GAMEAGENT_OUTCOME_CODE=GAMEAGENT_RUN_FAILED"}),
+            "GAMEAGENT_RUN_FAILED",
+        ),
         (json!({"outcome_code": "SOMETHING_ELSE"}), "OTHER"),
         (json!({"error": "harness: injected"}), "OTHER"),
     ] {
@@ -594,13 +597,18 @@ fn harness_outcome_codes_reach_metrics_and_the_audit_record() {
     // Other statuses have no code, and a session-less episode audits a null session.
     let ep = Episode {
         session_id: None,
-        ..episode(Outcome::Task(task("TIMEOUT", None, json!({"outcome_code": "AGENT_RUN_TIMEOUT"}))))
+        ..episode(Outcome::Task(task(
+            "TIMEOUT",
+            None,
+            json!({"outcome_code": "AGENT_RUN_TIMEOUT"}),
+        )))
     };
     let routed = route_outcome(&ep, &rule(None, ""));
     assert_eq!(value(&routed.metrics, "rollout/harness_error"), Some(0.0));
     assert_eq!(value(&routed.metrics, "rollout/harness_error/OTHER"), Some(0.0));
     let line: Value =
-        serde_json::from_str(&routed.after_export(true).audit.expect("record").to_line(1 << 20)).expect("json");
+        serde_json::from_str(&routed.after_export(true).audit.expect("record").to_line(1 << 20))
+            .expect("json");
     assert_eq!(line["harness_outcome_code"], Value::Null);
     assert_eq!(line["session_id"], Value::Null);
     // Under #1547's rules the same code is not model evidence.
@@ -608,24 +616,41 @@ fn harness_outcome_codes_reach_metrics_and_the_audit_record() {
         &episode(failed(json!({"outcome_code": "AGENT_MAX_TURNS_EXCEEDED"}))),
         &rule(None, "").with_failure_policy(FailurePolicy::Pr1547),
     );
-    assert!(matches!(routed.decision, Decision::Reject(RejectReason::UnknownFailure { .. })));
+    assert!(matches!(
+        routed.decision,
+        Decision::Reject(RejectReason::UnknownFailure { .. })
+    ));
 }
 
 /// `arena-2026.md` 2.8: the metadata stamped on exported interactions, and the turn metrics split by harness
 /// outcome.
 #[test]
 fn episode_metadata_and_turn_metrics_follow_the_task() {
-    let routed = route_outcome(&episode(Outcome::Task(task("DONE", Some(1.0), json!({})))), &rule(None, ""));
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("DONE", Some(1.0), json!({})))),
+        &rule(None, ""),
+    );
     assert_eq!(
         Value::Object(routed.episode_metadata()),
         json!({"session_id": "sess-1", "arena_task_id": "task-1", "arena_status": "DONE"})
     );
-    let names: Vec<_> = routed.turn_metrics(4).into_iter().map(|m| (m.name, m.value)).collect();
+    let names: Vec<_> = routed
+        .turn_metrics(4)
+        .into_iter()
+        .map(|m| (m.name, m.value))
+        .collect();
     assert_eq!(
         names,
-        [("rollout/num_turns".to_string(), 4.0), ("rollout/num_turns_no_harness_err".to_string(), 4.0)]
+        [
+            ("rollout/num_turns".to_string(), 4.0),
+            ("rollout/num_turns_no_harness_err".to_string(), 4.0)
+        ]
     );
-    let failed = task("HARNESS_FAILED", None, json!({"outcome": {"code": "AGENT_RUN_TIMEOUT"}}));
+    let failed = task(
+        "HARNESS_FAILED",
+        None,
+        json!({"outcome": {"code": "AGENT_RUN_TIMEOUT"}}),
+    );
     let routed = route_outcome(&episode(Outcome::Task(failed)), &rule(None, ""));
     assert_eq!(routed.decision, Decision::ZeroReward);
     assert_eq!(
@@ -636,6 +661,10 @@ fn episode_metadata_and_turn_metrics_follow_the_task() {
     let names: Vec<_> = routed.turn_metrics(2).into_iter().map(|m| m.name).collect();
     assert_eq!(
         names,
-        ["rollout/num_turns", "rollout/num_turns_harness_err", "rollout/num_turns_harness_err/AGENT_RUN_TIMEOUT"]
+        [
+            "rollout/num_turns",
+            "rollout/num_turns_harness_err",
+            "rollout/num_turns_harness_err/AGENT_RUN_TIMEOUT"
+        ]
     );
 }

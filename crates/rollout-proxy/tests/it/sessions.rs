@@ -414,7 +414,10 @@ async fn idle_sessions_expire_on_the_sweeper_timer() {
 #[tokio::test]
 async fn an_overflow_after_the_stream_started_is_a_typed_event_in_every_protocol() {
     let p = Proxy::default().await;
-    let overflow = || EngineError::ContextLengthExceeded { prompt: 120, max: 100 };
+    let overflow = || EngineError::ContextLengthExceeded {
+        prompt: 120,
+        max: 100,
+    };
     let last_data = |text: &str| -> serde_json::Value {
         let line = text
             .lines()
@@ -426,7 +429,10 @@ async fn an_overflow_after_the_stream_started_is_a_typed_event_in_every_protocol
     let (_, key) = p.session("chat").await;
     p.engine.fail_next(overflow());
     let r = p
-        .chat(&key, json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .chat(
+            &key,
+            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::OK, "the stream had started");
     let error = &last_data(&r.text)["error"];
@@ -448,7 +454,10 @@ async fn an_overflow_after_the_stream_started_is_a_typed_event_in_every_protocol
     assert_eq!(r.status, StatusCode::OK);
     let event = last_data(&r.text);
     assert_eq!(event["type"], "error", "{}", r.text);
-    assert_eq!(event["error"]["message"], "prompt is too long: 120 tokens > 100 maximum");
+    assert_eq!(
+        event["error"]["message"],
+        "prompt is too long: 120 tokens > 100 maximum"
+    );
     assert_eq!(event["detail"]["type"], "context_length_exceeded");
 
     let (_, key) = p.session("responses").await;
