@@ -24,6 +24,7 @@ mod hooks;
 mod lifecycle;
 mod preflight;
 mod registry;
+mod renewal;
 mod retry;
 mod routes;
 mod streams;
@@ -35,9 +36,12 @@ pub use config::{ClientConfig, llm_api_key, validate_llm_base_url};
 pub use dataset::{Dataset, DatasetOptions, DatasetRow, base_commit_of_item};
 pub use error::{Error, Party, Result, TransportKind};
 pub use hooks::{HookError, HookResult, NoHooks, RolloutHooks};
-pub use lifecycle::{RewardRefCheck, RolloutReport, RolloutSpec, RouteSetup, valid_session_id};
+pub use lifecycle::{
+    GatewayRenewal, RewardRefCheck, RolloutReport, RolloutSpec, RouteSetup, valid_session_id,
+};
 pub use preflight::{PreflightOptions, StreamSummary, preflight, preflight_stream};
 pub use registry::{AcquireReport, BeforeRegister, CloseReport, RegistryOptions, RouteLease, RouteRegistry};
+pub use renewal::{Renewal, RenewalStats, RenewalStep, maintain};
 pub use retry::RetryPolicy;
 pub use routes::{
     MODEL_NAME_PREFIX, ModelRegistration, direct_envs, random_uuid, rollout_model_name, session_gateway_envs,

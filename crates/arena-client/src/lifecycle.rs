@@ -9,13 +9,17 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use stream_config::{RewardRef, RouteMode, reward_ref_drift};
+use tokio::sync::watch;
 
+use crate::clock::Clock;
 use crate::hooks::RolloutHooks;
 use crate::registry::{AcquireReport, RouteRegistry};
+use crate::renewal::RenewalStats;
 use crate::routes::{ModelRegistration, direct_envs, random_uuid, rollout_model_name, session_gateway_envs};
 use crate::tasks::{LaunchRequest, RunOptions, TaskResult, TaskRun};
 use crate::{ArenaClient, Error, Result};
@@ -31,6 +35,9 @@ pub enum RouteSetup {
         inbound_protos: Vec<String>,
         /// HTTP timeout and outer deadline of the registration calls.
         registration_timeout: Duration,
+        /// Renew the route while its task is in flight (`arena-2026.md` 2.12); `None` registers and deletes
+        /// only.
+        renewal: Option<GatewayRenewal>,
     },
     /// The worker's shared route from its registry; sessions are told apart by headers.
     SessionGateway {
@@ -60,6 +67,15 @@ impl RouteSetup {
             Self::Direct => RouteMode::Direct,
         }
     }
+}
+
+/// How a `gateway`-mode route is kept alive while its task is in flight (see [`crate::maintain`]).
+#[derive(Clone, Debug)]
+pub struct GatewayRenewal {
+    /// Time between renewals (`arena_registration_probe_interval`).
+    pub interval: Duration,
+    /// The clock renewals are timed on.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// One rollout's inputs.
@@ -138,6 +154,8 @@ pub struct RolloutReport {
     pub terminal: bool,
     /// The route was cleaned up or released (`None` when there was nothing to clean).
     pub cleanup: Option<bool>,
+    /// What renewing a `gateway`-mode route came to (`None` when it was not renewed).
+    pub renewal: Option<RenewalStats>,
     /// The model name the harness was given.
     pub model_name: Option<String>,
     /// The task id, once known.
@@ -158,6 +176,7 @@ impl RolloutReport {
             launched: false,
             terminal: false,
             cleanup: None,
+            renewal: None,
             model_name: None,
             task_id: None,
             result,
@@ -345,11 +364,13 @@ impl ArenaClient {
                 llm_api_key,
                 inbound_protos,
                 registration_timeout,
+                renewal,
             } => {
                 let route = GatewayRoute {
                     llm_api_key,
                     inbound_protos,
                     timeout: *registration_timeout,
+                    renewal: renewal.as_ref(),
                 };
                 self.gateway_rollout(spec, request, &route, hooks).await
             }
@@ -435,11 +456,33 @@ impl ArenaClient {
                 request.model_name = name.clone();
                 request.base_url = gateway_url;
                 request.api_key = route.llm_api_key.clone();
-                let run = self
-                    .run_task_with(&spec.stream_id, &request, &spec.run, hooks)
-                    .await;
+                let task = self.run_task_with(&spec.stream_id, &request, &spec.run, hooks);
+                let (run, renewal) = match route.renewal {
+                    None => (task.await, None),
+                    Some(renewal) => {
+                        // Renewal runs beside the task and is stopped, and awaited, before the delete below,
+                        // so it cannot bring the finished route back.
+                        let (stop, stopped) = watch::channel(false);
+                        let task = async {
+                            let run = task.await;
+                            let _ = stop.send(true);
+                            run
+                        };
+                        let keep = crate::renewal::maintain(
+                            self,
+                            &registration,
+                            renewal.clock.clone(),
+                            renewal.interval,
+                            route.timeout,
+                            stopped,
+                        );
+                        let (run, stats) = tokio::join!(task, keep);
+                        (run, Some(stats))
+                    }
+                };
                 RolloutReport {
                     registration: Some(true),
+                    renewal,
                     ..RolloutReport::from_run(mode, run)
                 }
             }
@@ -509,4 +552,5 @@ struct GatewayRoute<'a> {
     llm_api_key: &'a SecretString,
     inbound_protos: &'a [String],
     timeout: Duration,
+    renewal: Option<&'a GatewayRenewal>,
 }

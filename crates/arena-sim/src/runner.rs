@@ -63,6 +63,10 @@ pub struct LlmRunnerDef {
     /// Failures to inject, drawn per task from the world's seed.
     #[serde(default)]
     pub faults: Vec<RunnerFault>,
+    /// How long a task waits in Arena's queue (status `PENDING`, no model call) before its harness starts,
+    /// in milliseconds; with `route_gc_idle_ms` it makes a route expire unless the client renews it.
+    #[serde(default)]
+    pub start_delay_ms: u64,
 }
 
 impl Default for LlmRunnerDef {
@@ -72,6 +76,7 @@ impl Default for LlmRunnerDef {
             timeout_ms: default_timeout_ms(),
             max_tokens: None,
             faults: Vec::new(),
+            start_delay_ms: 0,
         }
     }
 }

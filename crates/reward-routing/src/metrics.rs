@@ -97,11 +97,13 @@ pub enum Lifecycle {
     RewardRefValidationSuccess,
     /// `arena/result_dump_success`.
     ResultDumpSuccess,
+    /// `arena/registration_renew_success`: the share of a `gateway` route's renewals Arena confirmed.
+    RegistrationRenewSuccess,
 }
 
 impl Lifecycle {
     /// Every lifecycle metric, in the reference's order.
-    pub const ALL: [Lifecycle; 13] = [
+    pub const ALL: [Lifecycle; 14] = [
         Self::RegistrationSuccess,
         Self::LaunchSuccess,
         Self::TerminalSuccess,
@@ -115,6 +117,7 @@ impl Lifecycle {
         Self::RegistrationRestoreSuccess,
         Self::RewardRefValidationSuccess,
         Self::ResultDumpSuccess,
+        Self::RegistrationRenewSuccess,
     ];
 
     /// The name without scope, for example `arena/launch_success`.
@@ -133,6 +136,7 @@ impl Lifecycle {
             Self::RegistrationRestoreSuccess => "arena/registration_restore_success",
             Self::RewardRefValidationSuccess => "arena/reward_ref_validation_success",
             Self::ResultDumpSuccess => "arena/result_dump_success",
+            Self::RegistrationRenewSuccess => "arena/registration_renew_success",
         }
     }
 

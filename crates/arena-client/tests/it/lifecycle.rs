@@ -42,6 +42,7 @@ pub(crate) fn gateway() -> RouteSetup {
         llm_api_key: SecretString::from(LLM_KEY),
         inbound_protos: vec!["chat".to_string()],
         registration_timeout: Duration::from_secs(10),
+        renewal: None,
     }
 }
 
@@ -179,6 +180,7 @@ async fn configured_inbound_protocols_are_advertised() {
         llm_api_key: SecretString::from(LLM_KEY),
         inbound_protos: vec!["chat".into(), "anthropic".into(), "responses".into()],
         registration_timeout: Duration::from_secs(10),
+        renewal: None,
     };
     client(&sim)
         .run_rollout(&setup, &spec("r1", None))

@@ -6,6 +6,7 @@ mod dataset;
 mod lifecycle;
 mod preflight;
 mod registry;
+mod renewal;
 mod retries;
 mod secrets;
 mod soak;

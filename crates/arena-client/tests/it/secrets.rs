@@ -49,6 +49,7 @@ async fn no_secret_leaks_into_logs_errors_or_debug() {
             llm_api_key: llm.clone(),
             inbound_protos: vec!["chat".into()],
             registration_timeout: Duration::from_secs(5),
+            renewal: None,
         },
         RouteSetup::SessionGateway {
             registry: registry.clone(),

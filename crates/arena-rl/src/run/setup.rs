@@ -474,10 +474,17 @@ fn route_setup(
     }
     let llm_api_key = arena_client::llm_api_key(env).context("the LLM gateway key")?;
     if mode == RouteMode::Gateway {
+        // The route is renewed every probe interval while its task is in flight, so a task that waits
+        // (Arena's queue, a paused generation) keeps it (arena-2026.md 2.12).
+        let renewal = arena_client::GatewayRenewal {
+            interval: settings::registry_options(config)?.probe_interval,
+            clock: Arc::new(arena_client::SystemClock::default()),
+        };
         let setup = RouteSetup::Gateway {
             llm_api_key,
             inbound_protos: config.econfig.arena_inbound_protos.clone(),
             registration_timeout: settings::registration_timeout(config),
+            renewal: Some(renewal),
         };
         return Ok((setup, None));
     }

@@ -125,5 +125,13 @@ pub(super) fn lifecycle_metrics(report: &RolloutReport, scope: Scope) -> Vec<Met
     if report.launch_attempted && !launch_failed(report) {
         metrics.push(Lifecycle::LaunchSuccess.metric(scope, report.launched));
     }
+    if let Some(renewal) = &report.renewal {
+        if let Some(rate) = renewal.success_rate() {
+            metrics.push(scope.metric(Lifecycle::RegistrationRenewSuccess.name(), rate));
+        }
+        if renewal.reregistered + renewal.reregister_failed > 0 {
+            metrics.push(Lifecycle::RegistrationRestoreSuccess.metric(scope, renewal.reregister_failed == 0));
+        }
+    }
     metrics
 }

@@ -9,6 +9,7 @@ mod guard;
 mod integrity;
 mod journal_full;
 mod kill_resume;
+mod lease;
 mod loop_e2e;
 mod model;
 mod preflight;

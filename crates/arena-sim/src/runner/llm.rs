@@ -165,6 +165,9 @@ struct Progress {
 
 impl Inner {
     async fn run(&self, ctx: HarnessContext) -> HarnessOutcome {
+        if self.def.start_delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.def.start_delay_ms)).await;
+        }
         ctx.set_status("AGENT_RUNNING");
         if let Some(shell) = ShellTask::from_tags(&ctx.request.data_id, &ctx.tags) {
             return self.run_shell(&ctx, &shell).await;

@@ -282,6 +282,7 @@ fn configuration_problems_are_named() {
         max_turns: 0,
         timeout_ms: 0,
         max_tokens: None,
+        start_delay_ms: 0,
         faults: vec![RunnerFault {
             status: "DONE".into(),
             probability: 2.0,
