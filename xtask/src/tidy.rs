@@ -21,6 +21,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("reward-routing", &["stream-config"]),
     ("rollout-proxy", &[]),
     ("trainer", &[]),
+    ("fsdp2-trainer", &[]),
     ("arena-sim", &["stream-config"]),
     (
         "arena-rl",
@@ -30,6 +31,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "reward-routing",
             "rollout-proxy",
             "trainer",
+            "fsdp2-trainer",
             "arena-sim",
         ],
     ),

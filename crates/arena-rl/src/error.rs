@@ -155,6 +155,14 @@ pub enum Error {
         /// The failure.
         source: trainer::Error,
     },
+    /// The FSDP2 trainer (its worker, or the protocol to it) failed; the message names the rank and step.
+    #[error("{context}: {source}")]
+    Fsdp2 {
+        /// What was being done.
+        context: String,
+        /// The failure.
+        source: fsdp2_trainer::Error,
+    },
     /// reward-routing refused its input.
     #[error("{context}: {source}")]
     Reward {
@@ -234,6 +242,7 @@ with_context! {
     arena_client::Error => Arena,
     rollout_proxy::Error => Proxy,
     trainer::Error => Trainer,
+    fsdp2_trainer::Error => Fsdp2,
     reward_routing::Error => Reward,
     serde_json::Error => Json,
 }

@@ -18,12 +18,14 @@ use crate::journal::{RolloutRecord, SampleKey};
 
 mod burn;
 mod engine;
+mod fsdp2;
 mod grpo;
 #[cfg(test)]
 mod tests;
 
 pub use burn::BurnEngine;
 pub use engine::TrainEngine;
+pub use fsdp2::{Fsdp2Engine, step_stats};
 pub use grpo::{GrpoStep, to_rl_batch};
 
 /// One trajectory with its sample's advantage: the unit the trainer consumes.

@@ -55,10 +55,10 @@ pub use redact::{
 };
 pub use schema::{
     ActorConfig, BranchWeight, CheckpointSection, ClusterConfig, DatasetConfig, DatasetSource, EConfig,
-    ExportStyle, GenerationConfig, GuardSection, HarnessSampling, IntegrityPolicy, KlEstimator, LossAggMode,
-    LrSchedulerType, MetricsSection, MlflowSection, ModelEngine, ModelSection, NormConfig, NormLevel,
-    ProxySection, ReasoningParser, RolloutSection, RunConfig, Seconds, StreamGuard, ToolCallParser, Tracker,
-    WandbMode, WandbSection,
+    ExportStyle, Fsdp2Config, GenerationConfig, GuardSection, HarnessSampling, IntegrityPolicy, KlEstimator,
+    LossAggMode, LrSchedulerType, MetricsSection, MlflowSection, ModelEngine, ModelSection, NormConfig,
+    NormLevel, ProxySection, ReasoningParser, RolloutSection, RunConfig, Seconds, StreamGuard,
+    ToolCallParser, Tracker, TrainerBackend, WandbMode, WandbSection,
 };
 pub use stream::{
     ArenaRef, RewardRef, RewardRefDrift, STREAM_FIELDS, StreamConfig, env_key, load_stream_configs,

@@ -230,6 +230,49 @@ pub enum BranchWeight {
     Each,
 }
 
+/// Which engine trains the policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainerBackend {
+    /// `trainer` (burn), in the `arena-rl` process, on one device.
+    #[default]
+    Burn,
+    /// A PyTorch FSDP2 worker (`crates/fsdp2-trainer/worker`) under `torchrun`, one process a GPU, driven
+    /// through the `arena-rl-trainer/1` protocol (`docs/trainer-protocol.md`); settings in `actor.fsdp2`.
+    Fsdp2,
+}
+
+/// `actor.fsdp2`: how the FSDP2 worker runs (read only when `actor.backend: fsdp2`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Fsdp2Config {
+    /// The Python that runs `torch.distributed.run` (the worker's package `arena_rl_fsdp2` must be
+    /// importable there).
+    pub python: String,
+    /// Ranks (processes, one a GPU) `torchrun --standalone` starts on this machine.
+    pub nproc_per_node: u32,
+    /// `HOST:PORT` of a worker started elsewhere (for example by Slurm) to attach to instead of starting one;
+    /// null starts one here. The key is `ARENA_RL_TRAINER_API_KEY` on both sides.
+    pub attach: Option<String>,
+    /// Tokens per chunk of the log-probability and entropy computation (no `tokens x vocab` logits beyond
+    /// one chunk).
+    pub logprob_chunk_tokens: u64,
+    /// Seconds the worker may take to start and answer its first health check.
+    pub ready_timeout_seconds: Seconds,
+}
+
+impl Default for Fsdp2Config {
+    fn default() -> Self {
+        Self {
+            python: "python3".to_string(),
+            nproc_per_node: 1,
+            attach: None,
+            logprob_chunk_tokens: 1024,
+            ready_timeout_seconds: Seconds::of(600.0),
+        }
+    }
+}
+
 /// The learning-rate schedule after warm-up (the reference's `optimizer.lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,6 +294,14 @@ pub enum LrSchedulerType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ActorConfig {
+    /// Which engine trains: `burn` (the default, `trainer` in this process, on one device) or `fsdp2` (a
+    /// PyTorch FSDP2 worker under `torchrun`, `actor.fsdp2`). Every other `actor` setting means the same
+    /// for both, except `device: cuda:N` with N > 0 (fsdp2 uses every GPU `actor.fsdp2.nproc_per_node`
+    /// names); `bf16_autocast` is FSDP2's mixed precision (bf16 parameters, f32 reduction) and
+    /// `recompute_layers` its activation checkpointing (on any device).
+    pub backend: TrainerBackend,
+    /// The FSDP2 worker's settings (with `backend: fsdp2`).
+    pub fsdp2: Fsdp2Config,
     /// Training-time reward normalisation; null disables it.
     pub reward_norm: Option<NormConfig>,
     /// Advantage normalisation over trained tokens, applied by the trainer; null disables it.
@@ -332,6 +383,8 @@ pub struct ActorConfig {
 impl Default for ActorConfig {
     fn default() -> Self {
         Self {
+            backend: TrainerBackend::Burn,
+            fsdp2: Fsdp2Config::default(),
             reward_norm: None,
             adv_norm: None,
             lr: 1e-3,
@@ -419,6 +472,39 @@ impl ActorConfig {
         let cuda = check_device(&self.device, a.key("device"), c);
         if self.bf16_autocast && !cuda {
             c.push(a.key("bf16_autocast"), "needs a CUDA device (actor.device: cuda)");
+        }
+        self.fsdp2
+            .ready_timeout_seconds
+            .check(c, a.key("fsdp2").key("ready_timeout_seconds"));
+        if self.backend == TrainerBackend::Fsdp2 {
+            if let Some(n) = self.device.strip_prefix("cuda:")
+                && n != "0"
+            {
+                c.push(
+                    a.key("device"),
+                    format!(
+                        "backend fsdp2 trains on every GPU of actor.fsdp2.nproc_per_node, not on cuda:{n} alone \
+                         (use device: cuda)"
+                    ),
+                );
+            }
+            let f = a.key("fsdp2");
+            if self.fsdp2.python.trim().is_empty() {
+                c.push(f.key("python"), "must name a Python, got an empty string");
+            }
+            if self.fsdp2.nproc_per_node == 0 {
+                c.push(f.key("nproc_per_node"), "must be >= 1, got 0");
+            }
+            if self.fsdp2.logprob_chunk_tokens == 0 {
+                c.push(f.key("logprob_chunk_tokens"), "must be >= 1, got 0");
+            }
+            if let Some(addr) = &self.fsdp2.attach
+                && !addr
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+            {
+                c.push(f.key("attach"), format!("must be HOST:PORT, got {addr:?}"));
+            }
         }
     }
 }

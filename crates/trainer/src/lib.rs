@@ -55,6 +55,7 @@ pub use policy::{
 pub use sampling::SamplingParams;
 pub use train::{
     AdvNorm, KlEstimator, LossAggregation, MemoryConfig, NormLevel, PpoConfig, RlBatch, SftBatch,
-    SftSequence, StepStats, TrainConfig, TrainSequence, Trainer, TrainerOptions,
+    SftSequence, StepStats, TrainConfig, TrainSequence, Trainer, TrainerOptions, normalized_advantages,
+    token_weights,
 };
 pub use weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};

@@ -35,8 +35,9 @@ use std::path::Path;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-pub use batch::{RlBatch, SftBatch, SftSequence, TrainSequence};
+pub use batch::{RlBatch, SftBatch, SftSequence, TrainSequence, normalized_advantages};
 pub use config::{AdvNorm, KlEstimator, LossAggregation, MemoryConfig, NormLevel, PpoConfig, TrainConfig};
+pub use loss::token_weights;
 pub use stats::{Range, StepStats};
 
 use crate::backend::DeviceKind;

@@ -10,11 +10,12 @@
 
 use std::path::Path;
 
-use stream_config::RunConfig;
+use stream_config::{Env, RunConfig, TrainerBackend};
 use trainer::{RlBatch, TrainSequence};
 
 use super::burn::BurnEngine;
 use super::engine::TrainEngine;
+use super::fsdp2::Fsdp2Engine;
 use super::{NewWeights, StepOutput, TrainBatch, TrainStep};
 use crate::error::Result;
 use crate::run::settings;
@@ -51,7 +52,14 @@ impl GrpoStep {
     /// trainer's settings ([`settings::train_config`], [`settings::trainer_options`]), and where new weights
     /// go. Nothing is loaded until [`TrainStep::begin`].
     pub fn from_run_config(config: &RunConfig, run_dir: &Path) -> Result<Self> {
-        let engine: Box<dyn TrainEngine> = Box::new(BurnEngine::from_run_config(config, run_dir)?);
+        let engine: Box<dyn TrainEngine> = match config.actor.backend {
+            TrainerBackend::Burn => Box::new(BurnEngine::from_run_config(config, run_dir)?),
+            TrainerBackend::Fsdp2 => Box::new(Fsdp2Engine::from_run_config(
+                config,
+                run_dir,
+                &Env::from_process(),
+            )?),
+        };
         Ok(Self::with_engine(
             engine,
             settings::train_config(config).ppo.temperature,

@@ -347,6 +347,7 @@ fn every_duration_setting_is_one_error_naming_it_when_out_of_range() {
             "econfig.arena_registration_timeout",
             "econfig.arena_registration_probe_interval",
             "econfig.timeout",
+            "actor.fsdp2.ready_timeout_seconds",
             "proxy.session_timeout_seconds",
             "proxy.export_wait_timeout_seconds",
             "proxy.header_read_timeout_seconds",
@@ -773,5 +774,38 @@ fn trackers_load_from_yaml_and_report_every_problem_without_credentials() {
     "#);
     insta::assert_snapshot!(yaml_problems("metrics: {trackers: [comet]}", &Env::default()).join("\n"), @r#"
     run.yaml:1:22: metrics.trackers[0]: unknown variant: found `comet`, expected ``wandb` or `mlflow``
+    "#);
+}
+
+#[test]
+fn the_fsdp2_backend_refuses_what_it_cannot_honour_by_name() {
+    let c = crate::load_run_config_str(
+        "run.yaml",
+        "experiment_name: e\ntrial_name: t\n",
+        &[],
+        &Env::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.actor.backend,
+        crate::TrainerBackend::Burn,
+        "burn is the default"
+    );
+    assert!(
+        loop_problems(&["actor.device=cuda:1"]).is_empty(),
+        "burn trains on any one device"
+    );
+    let problems = loop_problems(&[
+        "actor.backend=fsdp2",
+        "actor.device=cuda:1",
+        "actor.fsdp2.nproc_per_node=0",
+        "actor.fsdp2.logprob_chunk_tokens=0",
+        "actor.fsdp2.attach=nowhere",
+    ]);
+    insta::assert_snapshot!(problems.join("\n"), @r#"
+    override `actor.device=cuda:1`: actor.device: backend fsdp2 trains on every GPU of actor.fsdp2.nproc_per_node, not on cuda:1 alone (use device: cuda)
+    override `actor.fsdp2.nproc_per_node=0`: actor.fsdp2.nproc_per_node: must be >= 1, got 0
+    override `actor.fsdp2.logprob_chunk_tokens=0`: actor.fsdp2.logprob_chunk_tokens: must be >= 1, got 0
+    override `actor.fsdp2.attach=nowhere`: actor.fsdp2.attach: must be HOST:PORT, got "nowhere"
     "#);
 }

@@ -154,8 +154,9 @@ impl SftBatch {
 /// The advantage of each sequence after token-level normalisation (`None` returns them as given).
 ///
 /// Each trained token is one value; a sequence's tokens all carry its advantage, so the statistics are
-/// token-weighted and every token of a sequence normalises to the same number.
-pub(crate) fn normalized_advantages(batch: &RlBatch, norm: Option<&AdvNorm>) -> Result<Vec<f64>> {
+/// token-weighted and every token of a sequence normalises to the same number. A GRPO step computes them
+/// with this function; an out-of-process trainer gets them computed by it (`fsdp2-trainer`'s batch file).
+pub fn normalized_advantages(batch: &RlBatch, norm: Option<&AdvNorm>) -> Result<Vec<f64>> {
     let values: Vec<f64> = batch.sequences.iter().map(|s| f64::from(s.advantage)).collect();
     let Some(norm) = norm else {
         return Ok(values);

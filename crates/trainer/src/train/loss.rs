@@ -107,7 +107,8 @@ pub(crate) fn sft_loss<B: Backend>(logp: Tensor<B, 1>, weight: &[f32]) -> Tensor
 }
 
 /// The aggregation weight of each trained token of each sequence: `counts[s]` trained tokens in sequence `s`.
-pub(crate) fn token_weights(counts: &[usize], aggregation: LossAggregation) -> Vec<f32> {
+/// Pure (no burn types): an out-of-process trainer gets its weights from this function too.
+pub fn token_weights(counts: &[usize], aggregation: LossAggregation) -> Vec<f32> {
     let total: usize = counts.iter().sum();
     let sequences = counts.iter().filter(|&&c| c > 0).count();
     counts
