@@ -236,6 +236,17 @@ impl Client {
 
     /// `step`: writes `batch` under `path` (inside the run folder) and trains on it.
     pub fn step(&self, batch: &Batch, path: &Path, watch: &mut dyn Watch) -> Result<StepResult> {
+        self.step_dumping(batch, path, None, watch)
+    }
+
+    /// [`Client::step`], with rank 0 writing the summed gradients before clipping to `gradients`.
+    pub fn step_dumping(
+        &self,
+        batch: &Batch,
+        path: &Path,
+        gradients: Option<&Path>,
+        watch: &mut dyn Watch,
+    ) -> Result<StepResult> {
         let sha256 = batch.write(path)?;
         let request = StepRequest {
             protocol: PROTOCOL,
@@ -243,6 +254,7 @@ impl Client {
             kind: batch.kind,
             batch: path.to_path_buf(),
             sha256,
+            dump_gradients: gradients.map(Path::to_path_buf),
         };
         let result: StepResult = self.call("step", &request, Some(batch.step), watch)?;
         if result.step != batch.step + 1 {
@@ -271,6 +283,7 @@ impl Client {
             kind,
             batch: path.to_path_buf(),
             sha256,
+            dump_gradients: None,
         };
         self.call("step", &request, Some(step), watch)
     }

@@ -115,6 +115,9 @@ pub struct StepRequest {
     pub batch: PathBuf,
     /// SHA-256 (hex) of the batch file.
     pub sha256: String,
+    /// Where rank 0 writes the summed gradients before clipping (f32, Hugging Face names), for parity tests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dump_gradients: Option<PathBuf>,
 }
 
 /// Minimum, mean and maximum of a per-token quantity.
