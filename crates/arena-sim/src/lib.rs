@@ -66,7 +66,9 @@ pub use preset::{
     QUICKSTART_CHAT_STREAM, QUICKSTART_MESSAGES_STREAM, QUICKSTART_REWARD, QUICKSTART_ROWS, SUMS_EVAL_ROWS,
     SUMS_EVAL_STREAM, SUMS_ROWS, SUMS_STREAM,
 };
-pub use runner::{CommandHarness, CommandRunnerDef, LlmHarness, LlmRunnerDef, RunnerDef, RunnerFault};
+pub use runner::{
+    CommandHarness, CommandRunnerDef, LlmHarness, LlmRunnerDef, Receipt, RunnerDef, RunnerFault,
+};
 pub use server::{ArenaSim, SimBuilder};
 pub use state::{Counters, GatewayCounters, RecordedRequest, RouteInfo};
 pub use world::{

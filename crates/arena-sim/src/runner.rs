@@ -140,6 +140,49 @@ pub struct RunnerFault {
     /// the first model call.
     #[serde(default)]
     pub after_run: bool,
+    /// A native RL receipt (version 1, `arena-2026.md` 2.2) the failure's `raw` carries.
+    #[serde(default)]
+    pub receipt: Option<Receipt>,
+}
+
+/// The native RL receipts a runner fault can write into `raw`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Receipt {
+    /// A healthy run whose one failed run (`main`) failed for want of a public answer: a model failure.
+    Healthy,
+    /// The same, but the export was not healthy.
+    Incomplete,
+    /// The same healthy fields under receipt version 2.
+    WrongVersion,
+    /// The healthy receipt beside a GameAgent outcome code, a format conflict.
+    Vetoed,
+}
+
+impl Receipt {
+    /// The receipt's fields.
+    pub fn fields(self) -> Value {
+        let mut r = json!({
+            "nativeRlReceiptVersion": 1,
+            "nativeExecutionHealthy": true,
+            "nativeExportHealthy": true,
+            "status": "ERROR",
+            "trajectoryHealth": "healthy",
+            "nativeStopReason": "completed",
+            "nativeFailure": null,
+            "runTerminals": {"main": "run.failed", "child": "run.completed"},
+            "exportedRunCount": 2,
+            "runFailures": [{"runId": "main", "error": {"code": "RUNTIME_EXECUTION_FAILED", "details": {
+                "runtimeFailure": {"code": "DSH_PUBLIC_ANSWER_MISSING", "reason": "public_answer_missing"}}}}],
+        });
+        match self {
+            Self::Healthy => {}
+            Self::Incomplete => r["nativeExportHealthy"] = json!(false),
+            Self::WrongVersion => r["nativeRlReceiptVersion"] = json!(2),
+            Self::Vetoed => r["outcome_code"] = json!("AGENT_MAX_TURNS_EXCEEDED"),
+        }
+        r
+    }
 }
 
 impl RunnerFault {
@@ -164,6 +207,14 @@ impl RunnerFault {
 
     /// The `raw` fields of the failure: its error text, and its outcome code in both of the harness's forms.
     pub(crate) fn raw(&self) -> Value {
+        let raw = self.outcome_raw();
+        match self.receipt {
+            Some(receipt) => merged(receipt.fields(), raw),
+            None => raw,
+        }
+    }
+
+    fn outcome_raw(&self) -> Value {
         let status = self.task_status();
         match &self.outcome_code {
             None => json!({"error": format!("harness: injected {status}")}),

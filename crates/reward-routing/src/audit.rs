@@ -67,6 +67,12 @@ pub struct AuditRecord {
     /// For a `HARNESS_FAILED` task, its outcome code as metrics name it (one of
     /// [`crate::HARNESS_OUTCOME_METRIC_CODES`] or `OTHER`); null for every other status.
     pub harness_outcome_code: Option<String>,
+    /// Why the rollout was not trained on ([`crate::RejectReason::kind`], or `empty_export`); null when it
+    /// was.
+    pub rejection_reason: Option<String>,
+    /// Under the strict receipt policy, why a `HARNESS_FAILED` task's `raw` was not a valid receipt; null
+    /// otherwise.
+    pub receipt_problem: Option<String>,
 }
 
 /// The wire form of a record, fields in the reference's order.
@@ -92,6 +98,8 @@ struct Line<'a> {
     arena_task_id: &'a str,
     session_id: Option<&'a str>,
     harness_outcome_code: Option<&'a str>,
+    rejection_reason: Option<&'a str>,
+    receipt_problem: Option<&'a str>,
 }
 
 impl AuditRecord {
@@ -114,6 +122,8 @@ impl AuditRecord {
             session_id: None,
             harness_outcome_code: (task.status == TaskStatus::HarnessFailed)
                 .then(|| metric_code(&task.raw).to_string()),
+            rejection_reason: None,
+            receipt_problem: None,
         }
     }
 
@@ -137,6 +147,18 @@ impl AuditRecord {
     /// The same record with the rollout's proxy session (an empty id stays null).
     pub fn with_session_id(mut self, session_id: Option<&str>) -> Self {
         self.session_id = session_id.filter(|s| !s.is_empty()).map(str::to_string);
+        self
+    }
+
+    /// The same record with why it was not trained on.
+    pub fn with_rejection_reason(mut self, reason: Option<&str>) -> Self {
+        self.rejection_reason = reason.map(str::to_string);
+        self
+    }
+
+    /// The same record with why its `raw` was not a valid receipt.
+    pub fn with_receipt_problem(mut self, problem: Option<String>) -> Self {
+        self.receipt_problem = problem;
         self
     }
 
@@ -171,6 +193,8 @@ impl AuditRecord {
             arena_task_id: &self.task_id,
             session_id: self.session_id.as_deref(),
             harness_outcome_code: self.harness_outcome_code.as_deref(),
+            rejection_reason: self.rejection_reason.as_deref(),
+            receipt_problem: self.receipt_problem.as_deref(),
         };
         let mut text = serde_json::to_string(&line).expect("an audit line is plain JSON data");
         text.push('\n');

@@ -5,6 +5,7 @@ use serde_json::Value;
 use stream_config::{FailurePolicy, TaskStatus};
 
 use crate::harness::outcome_code;
+use crate::receipt::check_receipt;
 
 /// GameAgent outcome codes that AReaL's merged main attributes to the model when the session recorded
 /// interactions (#1746, narrowed by #1748, which rejects the generic response failures).
@@ -81,6 +82,9 @@ pub fn classify_failure(
         Failure::Task { status, raw } => (status, raw),
     };
     let interacted = interaction_count > 0;
+    if policy == FailurePolicy::StrictReceipt {
+        return classify_strict(status, raw, interacted);
+    }
     match status {
         TaskStatus::Cancelled
         | TaskStatus::Error
@@ -102,6 +106,22 @@ pub fn classify_failure(
             FailureDisposition::ModelFailureZero
         }
         _ => FailureDisposition::UnknownFailureReject,
+    }
+}
+
+/// AReaL #1750's `classify_proxy_failure` (`arena-2026.md` 2.3): a system status is a system failure even
+/// with a perfect receipt; `HARNESS_FAILED` with interactions and a valid v1 receipt ([`check_receipt`], no
+/// other format) is the model's; everything else, `TIMEOUT` and `NO_OUTPUT` included, is unknown. A context
+/// overflow is never consulted.
+fn classify_strict(status: &TaskStatus, raw: &Value, interacted: bool) -> FailureDisposition {
+    match status {
+        TaskStatus::HarnessFailed if interacted && check_receipt(raw).is_ok() => {
+            FailureDisposition::ModelFailureZero
+        }
+        TaskStatus::HarnessFailed | TaskStatus::NoOutput | TaskStatus::Timeout => {
+            FailureDisposition::UnknownFailureReject
+        }
+        _ => FailureDisposition::SystemFailureReject,
     }
 }
 

@@ -29,6 +29,7 @@ mod harness;
 mod metrics;
 mod norm;
 mod outcome;
+mod receipt;
 mod reward;
 mod route;
 #[cfg(test)]
@@ -58,6 +59,7 @@ pub use norm::{NormConfig, NormLevel, RewardConfig, SampleAdvantage};
 pub use outcome::{
     Episode, ErrorStage, IntegrityFinding, Outcome, RowMeta, TaskOutcome, task_type_from_json,
 };
+pub use receipt::{ReceiptProblem, check_receipt, format_conflict};
 pub use reward::{RewardRule, RewardSettings};
 pub use route::{AfterExport, Decision, RejectReason, Routed, route_outcome};
 pub use stream_config::{FailurePolicy, IntegrityPolicy, RewardRef, TaskStatus};

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use stream_config::{IntegrityPolicy, TaskStatus};
+use stream_config::{FailurePolicy, IntegrityPolicy, TaskStatus};
 
 use crate::audit::AuditRecord;
 use crate::classify::{Failure, FailureDisposition, classify_failure};
@@ -11,6 +11,7 @@ use crate::group::SampleResult;
 use crate::harness::{HARNESS_OUTCOME_METRIC_CODES, OTHER_CODE, metric_code};
 use crate::metrics::{Lifecycle, Metric, Scope};
 use crate::outcome::{Episode, ErrorStage, Outcome, RowMeta, TaskOutcome};
+use crate::receipt::check_receipt;
 use crate::reward::RewardRule;
 
 /// What a finished rollout means for training.
@@ -196,10 +197,14 @@ impl Routed {
             } else {
                 Vec::new()
             },
-            audit: self
-                .record
-                .clone()
-                .map(|record| record.with_training_score(training_score)),
+            audit: self.record.clone().map(|record| {
+                let record = record.with_training_score(training_score);
+                if exported {
+                    record
+                } else {
+                    record.with_rejection_reason(Some("empty_export"))
+                }
+            }),
         }
     }
 
@@ -336,11 +341,23 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
         }
     };
 
-    let record = record.map(|r| r.with_session_id(episode.session_id.as_deref()));
+    let mut record = record.map(|r| r.with_session_id(episode.session_id.as_deref()));
     if let Some(task) = task_of(&episode.outcome).filter(|t| t.status.is_terminal()) {
         harness_metrics(scope, task, &mut metrics);
+        if rule.failure_policy() == FailurePolicy::StrictReceipt && task.status == TaskStatus::HarnessFailed {
+            let problem = check_receipt(&task.raw).err();
+            metrics.push(scope.flag("receipt_valid", problem.is_none()));
+            for kind in ["not_an_object", "vetoed", "field", "attribution"] {
+                let hit = problem.as_ref().is_some_and(|p| p.kind() == kind);
+                metrics.push(scope.flag(format_args!("receipt_problem/{kind}"), hit));
+            }
+            record = record.map(|r| r.with_receipt_problem(problem.map(|p| p.to_string())));
+        }
     }
     let decision = apply_integrity_policy(decision, episode, rule);
+    if let Decision::Reject(reason) = &decision {
+        record = record.map(|r| r.with_rejection_reason(Some(reason.kind())));
+    }
     integrity_metrics(episode, rule, &mut metrics);
     metrics.push(scope.flag("context_overflow", episode.context_overflow));
     metrics.push(scope.flag("proxy_system_error", episode.proxy_system_error));

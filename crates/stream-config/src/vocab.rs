@@ -126,6 +126,9 @@ pub enum FailurePolicy {
     /// GameAgent outcome code of the allow-list as model evidence.
     #[default]
     MergedMain,
+    /// The strict receipt policy of AReaL #1750: only a `HARNESS_FAILED` task with interactions and a valid
+    /// native v1 receipt (and no other result format) is the model's; everything else is rejected.
+    StrictReceipt,
     /// The rules of AReaL #1547, which this project started from (reference section 4.4), for Arena
     /// deployments that report no outcome codes.
     Pr1547,
@@ -136,6 +139,7 @@ impl FailurePolicy {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MergedMain => "merged_main",
+            Self::StrictReceipt => "strict_receipt",
             Self::Pr1547 => "pr1547",
         }
     }

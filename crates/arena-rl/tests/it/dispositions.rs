@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use arena_rl::run::{RunSummary, rollout_only};
-use arena_sim::{ArenaSim, RunnerDef, RunnerFault, World};
+use arena_sim::{ArenaSim, Receipt, RunnerDef, RunnerFault, World};
 use serde_json::Value;
 
 use crate::support::{OracleEngine, config, env, model_folder};
@@ -118,5 +118,69 @@ async fn an_outcome_code_is_counted_stamped_and_audited_and_the_policy_decides_i
     for line in audit_lines(&summary) {
         assert_eq!(line["training_score"], Value::Null, "{line}");
         assert_eq!(line["harness_outcome_code"], "AGENT_MAX_TURNS_EXCEEDED", "{line}");
+    }
+}
+
+/// Receipts from arena-sim's harness (`arena-2026.md` 2.2, 2.4): under `strict_receipt` only the healthy one
+/// makes a `HARNESS_FAILED` task a zero-reward model failure, and the audit line says what was wrong with the
+/// others; merged main does not read receipts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_decide_harness_failures_under_the_strict_policy_only() {
+    for (receipt, policy, trained, problem) in [
+        (Receipt::Healthy, "strict_receipt", true, None),
+        (
+            Receipt::Incomplete,
+            "strict_receipt",
+            false,
+            Some("nativeExportHealthy"),
+        ),
+        (
+            Receipt::WrongVersion,
+            "strict_receipt",
+            false,
+            Some("nativeRlReceiptVersion"),
+        ),
+        (
+            Receipt::Vetoed,
+            "strict_receipt",
+            false,
+            Some("GameAgent outcome"),
+        ),
+        (Receipt::Healthy, "merged_main", false, None),
+    ] {
+        let fault = RunnerFault {
+            receipt: Some(receipt),
+            after_run: true,
+            ..RunnerFault::always("HARNESS_FAILED")
+        };
+        let sim = ArenaSim::start(world_failing_with(fault)).await.expect("sim");
+        let root = tempfile::tempdir().expect("tempdir");
+        let policy_override = format!("econfig.arena_failure_policy={policy}");
+        let summary = rollout(&sim, root.path(), &[&policy_override]).await;
+        let what = format!("{receipt:?} under {policy}");
+        let metrics = &jsonl(&summary.metrics_dir.join("metrics.jsonl"))[0];
+        let decision = if trained { "zero_reward" } else { "reject" };
+        assert_eq!(
+            metrics[format!("rollout/decision/{decision}")],
+            1.0,
+            "{what}: {metrics}"
+        );
+        for line in audit_lines(&summary) {
+            let expected_score = if trained { Value::from(0.0) } else { Value::Null };
+            assert_eq!(line["training_score"], expected_score, "{what}: {line}");
+            let reason = if trained {
+                Value::Null
+            } else {
+                Value::from("unknown_failure")
+            };
+            assert_eq!(line["rejection_reason"], reason, "{what}: {line}");
+            match problem {
+                Some(p) => assert!(
+                    line["receipt_problem"].as_str().is_some_and(|s| s.contains(p)),
+                    "{what}: {line}"
+                ),
+                None => assert_eq!(line["receipt_problem"], Value::Null, "{what}: {line}"),
+            }
+        }
     }
 }

@@ -86,7 +86,9 @@ fn a_record_is_one_compact_line_with_the_reference_fields_in_order() {
             "computed_at",
             "arena_task_id",
             "session_id",
-            "harness_outcome_code"
+            "harness_outcome_code",
+            "rejection_reason",
+            "receipt_problem"
         ]
     );
 }

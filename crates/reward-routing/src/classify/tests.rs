@@ -181,3 +181,91 @@ fn merged_main_attributes_allow_listed_gameagent_codes_and_rejects_the_generic_o
     );
     assert_eq!(got, System);
 }
+
+/// `arena-2026.md` 3.2 items 1, 4, 5, 12-15 under the strict receipt policy: without a valid receipt nothing
+/// is the model's, a system status wins over a perfect receipt, and the receipt counts for `HARNESS_FAILED`
+/// alone.
+#[test]
+fn the_strict_policy_is_conservative() {
+    let strict = |status: &str, raw: &Value, overflow: bool, interactions: u64| {
+        let status = TaskStatus::parse(status);
+        classify_failure(
+            FailurePolicy::StrictReceipt,
+            Failure::Task { status: &status, raw },
+            overflow,
+            interactions,
+        )
+    };
+    let none = Value::Null;
+    for (status, overflow, interactions) in [
+        ("HARNESS_FAILED", true, 1),
+        ("HARNESS_FAILED", true, 0),
+        ("HARNESS_FAILED", false, 1),
+        ("TIMEOUT", false, 1),
+        ("TIMEOUT", true, 0),
+        ("NO_OUTPUT", false, 1),
+        ("NO_OUTPUT", false, 0),
+    ] {
+        assert_eq!(strict(status, &none, overflow, interactions), Unknown, "{status}");
+    }
+    assert_eq!(strict("SETUP_FAILED", &none, true, 1), System);
+    assert_eq!(
+        strict("HARNESS_FAILED", &json!({"error": CLAUDE_TEXT}), true, 3),
+        Unknown
+    );
+    for code in [
+        "AGENT_MAX_TURNS_EXCEEDED",
+        "AGENT_RUN_TIMEOUT",
+        "AUTONOMOUS_INCOMPLETE_NO_SHIP",
+        "LLM_RESPONSE_TIMEOUT",
+    ] {
+        for raw in [
+            json!({"outcome": {"code": code}}),
+            json!({"outcome_code": code}),
+            json!({"error": format!("GAMEAGENT_OUTCOME_CODE={code}")}),
+        ] {
+            assert_eq!(strict("HARNESS_FAILED", &raw, false, 2), Unknown, "{raw}");
+        }
+    }
+    for raw in [
+        json!({"outcome_code": "UNKNOWN_FAILURE"}),
+        json!({"error": "XGAMEAGENT_OUTCOME_CODE=AGENT_MAX_TURNS_EXCEEDED"}),
+        json!({"error": "GAMEAGENT_OUTCOME_CODE=AGENT_MAX_TURNS_EXCEEDED-invalid"}),
+    ] {
+        assert_eq!(strict("HARNESS_FAILED", &raw, false, 2), Unknown, "{raw}");
+    }
+    // Item 14: runner-style messages without a receipt.
+    for message in [
+        "shared model request budget exhausted",
+        "model stopped without visible output or tool calls",
+        "tool calls and finish reason disagree",
+        "invalid tool name",
+    ] {
+        let raw = json!({
+            "error": format!("harness agent phase exited with code 1: {message}"),
+            "harness": {"exit_code": 1, "phase": "agent", "result_status": "ERROR"},
+        });
+        assert_eq!(strict("HARNESS_FAILED", &raw, false, 2), Unknown, "{message}");
+    }
+    let receipt = crate::receipt::tests::healthy();
+    assert_eq!(strict("HARNESS_FAILED", &receipt, false, 1), Model);
+    assert_eq!(strict("HARNESS_FAILED", &receipt, false, 0), Unknown, "item 11");
+    assert_eq!(strict("SETUP_FAILED", &receipt, false, 3), System, "item 12");
+    for (overflow, interactions) in [(false, 0), (true, 0), (false, 3), (true, 3)] {
+        assert_eq!(
+            strict("ERROR", &receipt, overflow, interactions),
+            System,
+            "item 13"
+        );
+    }
+    for status in ["TIMEOUT", "NO_OUTPUT"] {
+        for overflow in [false, true] {
+            assert_eq!(strict(status, &receipt, overflow, 2), Unknown, "item 15 {status}");
+        }
+    }
+    assert_eq!(
+        classify_failure(FailurePolicy::StrictReceipt, Failure::Other, true, 3),
+        System,
+        "item 2"
+    );
+}

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 use stream_config::TaskStatus;
 
 use super::*;
-use crate::FailurePolicy;
+
 use stream_config::RewardRef;
 
 const CLAUDE_TEXT: &str =
@@ -667,4 +667,247 @@ fn episode_metadata_and_turn_metrics_follow_the_task() {
             "rollout/num_turns_harness_err/AGENT_RUN_TIMEOUT"
         ]
     );
+}
+
+/// `arena-2026.md` 2.4, each row under each policy (`merged_main`, `strict_receipt`, `pr1547`):
+/// `reward`, `zero`, `dropped` (an empty export) or `reject/<reason>`.
+#[test]
+fn the_disposition_table_holds_under_each_policy() {
+    let receipt = crate::receipt::tests::healthy;
+    let vetoed = || {
+        let mut raw = crate::receipt::tests::healthy();
+        raw["outcome_code"] = json!("AGENT_MAX_TURNS_EXCEEDED");
+        raw
+    };
+    let none = || json!({});
+    let claude = || json!({"error": CLAUDE_TEXT});
+    let code = || json!({"outcome": {"code": "AGENT_MAX_TURNS_EXCEEDED"}});
+    type Raw = fn() -> Value;
+    /// (status, raw, interactions, overflow, proxy error, [merged_main, strict_receipt, pr1547])
+    type Row = (&'static str, Raw, u64, bool, bool, [&'static str; 3]);
+    let mut rows: Vec<Row> = vec![
+        ("DONE", none, 3, false, false, ["reward", "reward", "reward"]),
+        ("OK", receipt, 3, false, true, ["reward", "reward", "reward"]),
+        ("DONE", none, 3, true, false, ["zero", "zero", "zero"]),
+        ("DONE", none, 0, false, false, ["dropped", "dropped", "dropped"]),
+        (
+            "HARNESS_FAILED",
+            receipt,
+            3,
+            false,
+            false,
+            ["reject/unknown_failure", "zero", "reject/unknown_failure"],
+        ),
+        (
+            "HARNESS_FAILED",
+            receipt,
+            3,
+            true,
+            false,
+            ["zero", "zero", "zero"],
+        ),
+        (
+            "HARNESS_FAILED",
+            receipt,
+            3,
+            false,
+            true,
+            ["reject/proxy_system_error"; 3],
+        ),
+        (
+            "HARNESS_FAILED",
+            receipt,
+            0,
+            true,
+            false,
+            ["reject/unknown_failure"; 3],
+        ),
+        (
+            "HARNESS_FAILED",
+            none,
+            3,
+            true,
+            false,
+            ["zero", "reject/unknown_failure", "zero"],
+        ),
+        (
+            "HARNESS_FAILED",
+            none,
+            3,
+            false,
+            false,
+            ["reject/unknown_failure"; 3],
+        ),
+        (
+            "HARNESS_FAILED",
+            claude,
+            3,
+            false,
+            false,
+            ["zero", "reject/unknown_failure", "zero"],
+        ),
+        (
+            "HARNESS_FAILED",
+            code,
+            3,
+            false,
+            false,
+            ["zero", "reject/unknown_failure", "reject/unknown_failure"],
+        ),
+        (
+            "HARNESS_FAILED",
+            vetoed,
+            3,
+            false,
+            false,
+            ["zero", "reject/unknown_failure", "reject/unknown_failure"],
+        ),
+        (
+            "TIMEOUT",
+            receipt,
+            3,
+            false,
+            false,
+            ["zero", "reject/unknown_failure", "zero"],
+        ),
+        (
+            "NO_OUTPUT",
+            none,
+            3,
+            true,
+            false,
+            ["zero", "reject/unknown_failure", "zero"],
+        ),
+        ("TIMEOUT", none, 0, false, false, ["reject/unknown_failure"; 3]),
+        (
+            "NO_OUTPUT",
+            receipt,
+            2,
+            false,
+            true,
+            ["reject/proxy_system_error"; 3],
+        ),
+    ];
+    for status in [
+        "CANCELLED",
+        "COLLECT_FAILED",
+        "EVAL_FAILED",
+        "FAILED",
+        "SETUP_FAILED",
+        "ERROR",
+    ] {
+        rows.push((status, receipt, 3, true, false, ["reject/system_failure"; 3]));
+        rows.push((status, none, 0, false, false, ["reject/system_failure"; 3]));
+    }
+    let policies = [
+        FailurePolicy::MergedMain,
+        FailurePolicy::StrictReceipt,
+        FailurePolicy::Pr1547,
+    ];
+    let label = |routed: &Routed, interactions: u64| match &routed.decision {
+        Decision::Reject(r) => format!("reject/{}", r.kind()),
+        _ if interactions == 0 => "dropped".to_string(),
+        Decision::Train(_) => "reward".to_string(),
+        Decision::ZeroReward => "zero".to_string(),
+    };
+    for (status, raw, interactions, overflow, proxy_error, expected) in rows {
+        for (policy, want) in policies.iter().zip(expected) {
+            let ep = Episode {
+                interaction_count: interactions,
+                context_overflow: overflow,
+                proxy_system_error: proxy_error,
+                ..episode(Outcome::Task(task(status, Some(1.0), raw())))
+            };
+            let routed = route_outcome(&ep, &rule(None, "").with_failure_policy(*policy));
+            let what = format!(
+                "{status} {} n={interactions} O={overflow} S={proxy_error} {policy:?}",
+                raw()
+            );
+            assert_eq!(label(&routed, interactions), want, "{what}");
+            // Every rejection is a metric and an audit field.
+            let audit = routed
+                .audit_now()
+                .cloned()
+                .or_else(|| routed.after_export(interactions > 0).audit)
+                .expect("every task result is audited");
+            match want.strip_prefix("reject/") {
+                Some(kind) => {
+                    assert_eq!(
+                        value(&routed.metrics, &format!("rollout/{want}")),
+                        Some(1.0),
+                        "{what}"
+                    );
+                    assert_eq!(audit.rejection_reason.as_deref(), Some(kind), "{what}");
+                    assert_eq!(audit.training_score, None, "{what}");
+                }
+                None if want == "dropped" => {
+                    assert_eq!(audit.rejection_reason.as_deref(), Some("empty_export"), "{what}");
+                    assert_eq!(audit.training_score, None, "{what}");
+                }
+                None => assert_eq!(audit.rejection_reason, None, "{what}"),
+            }
+        }
+    }
+    // Non-Arena errors and our own deadline are rejected alike under every policy.
+    for policy in policies {
+        let error = Outcome::Error {
+            message: "connection refused".into(),
+            stage: ErrorStage::AfterLaunch,
+        };
+        let wait = Outcome::LocalWait {
+            task_id: Some("t".into()),
+            cancelled: false,
+        };
+        for (outcome, kind) in [(error, "arena_error"), (wait, "local_timeout")] {
+            let routed = route_outcome(&episode(outcome), &rule(None, "").with_failure_policy(policy));
+            assert!(
+                matches!(&routed.decision, Decision::Reject(r) if r.kind() == kind),
+                "{policy:?}"
+            );
+        }
+    }
+}
+
+/// Under the strict policy a `HARNESS_FAILED` task's receipt is checked in the open: `receipt_valid`, the
+/// one-hot `receipt_problem/<kind>` and the audit record's `receipt_problem`.
+#[test]
+fn the_strict_policy_says_why_a_receipt_failed() {
+    let strict = rule(None, "").with_failure_policy(FailurePolicy::StrictReceipt);
+    let mut incomplete = crate::receipt::tests::healthy();
+    incomplete["nativeExportHealthy"] = json!(false);
+    for (raw, problem) in [
+        (crate::receipt::tests::healthy(), None),
+        (incomplete, Some("field")),
+        (json!({"outcome_code": "AGENT_RUN_TIMEOUT"}), Some("vetoed")),
+        (Value::Null, Some("not_an_object")),
+    ] {
+        let routed = route_outcome(
+            &episode(Outcome::Task(task("HARNESS_FAILED", None, raw.clone()))),
+            &strict,
+        );
+        assert_eq!(
+            value(&routed.metrics, "rollout/receipt_valid"),
+            Some(f64::from(u8::from(problem.is_none())))
+        );
+        for kind in ["not_an_object", "vetoed", "field", "attribution"] {
+            let want = f64::from(u8::from(problem == Some(kind)));
+            assert_eq!(
+                value(&routed.metrics, &format!("rollout/receipt_problem/{kind}")),
+                Some(want),
+                "{raw}"
+            );
+        }
+        let audit = routed
+            .audit_now()
+            .cloned()
+            .or_else(|| routed.after_export(true).audit)
+            .expect("record");
+        assert_eq!(audit.receipt_problem.is_some(), problem.is_some(), "{raw}");
+    }
+    // Other policies do not look at receipts.
+    let routed = route_outcome(
+        &episode(Outcome::Task(task("HARNESS_FAILED", None, Value::Null))),
+        &rule(None, ""),
+    );
+    assert_eq!(value(&routed.metrics, "rollout/receipt_valid"), None);
 }

@@ -81,7 +81,8 @@ pub struct EConfig {
     /// in one warning.
     pub arena_cancel_tasks: bool,
     /// Which rules decide what a failed task means for training: `merged_main` (the default, AReaL's main
-    /// today), `pr1547` (the rules of AReaL #1547, for an Arena that reports no outcome codes); see
+    /// today), `strict_receipt` (AReaL #1750: only a valid native v1 receipt makes a failure the model's),
+    /// `pr1547` (the rules of AReaL #1547, for an Arena that reports no outcome codes); see
     /// docs/failure-dispositions.md.
     pub arena_failure_policy: FailurePolicy,
     /// Legacy single-stream mode: the Harness protocol (`anthropic`, `responses`, `chat_completions`);
