@@ -1,0 +1,340 @@
+"""Rank 0's HTTP server and every rank's command loop (docs/trainer-protocol.md).
+
+Rank 0 serves the protocol on a thread; long calls become operations, queued to rank 0's main thread,
+which broadcasts each command to the other ranks over a gloo group that never times out (ranks wait for
+commands as long as the loop needs), runs it on every rank with the engine, and gathers each rank's outcome:
+the operation's result is rank 0's, or the most telling rank's error.
+"""
+
+import collections
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import queue
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch.distributed as dist
+
+from . import PROTOCOL
+from .engine import Engine, init_distributed
+from .errors import WorkerError, classify
+
+MAX_BODY = 1 << 20
+BODY_TIMEOUT_S = 30
+KEEP_OPS = 64
+LONG_CALLS = ("init", "step", "publish", "save", "load")
+STATUS = {"auth": 401, "busy": 409, "protocol": 409, "batch": 400, "config": 400, "path": 403, "internal": 500, "oom": 500, "rank_lost": 500}
+# When ranks disagree, the error that says most: a rank's own failure before the timeouts it caused elsewhere.
+PRECEDENCE = ("oom", "batch", "config", "path", "protocol", "internal", "rank_lost")
+
+
+def inside(run_dir, path):
+    """`path` resolved (`..`, symbolic links) when it lies inside `run_dir`, else a `path` error."""
+    if not isinstance(path, str) or not path:
+        raise WorkerError("path", f"path must be a non-empty string, got {path!r}")
+    root = os.path.realpath(run_dir)
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise WorkerError("path", f"{path} is outside the run folder {run_dir}")
+    return real
+
+
+def run_command(engine, cmd, progress=None):
+    """Runs one command on this rank; returns ("ok", result) or ("err", error json)."""
+    call = cmd["call"]
+    req = cmd["req"]
+    step = req.get("step") if call == "step" else engine.steps
+    try:
+        if call == "init":
+            res = engine.init(req, progress)
+        elif call == "step":
+            res = engine.step(req["kind"], req["batch"], req["step"], progress, dump_gradients=req.get("dump_gradients"))
+        elif call == "publish":
+            res = engine.publish(req["path"], req.get("dtype", "bf16"), progress)
+        elif call == "save":
+            res = engine.save(req["path"], progress)
+        elif call == "load":
+            res = engine.load(req["path"], progress)
+        else:
+            raise WorkerError("protocol", f"unknown call {call}")
+        return ("ok", res)
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a typed error
+        err = classify(e, rank=engine.rank, step=step)
+        if engine.optimizer is not None:
+            engine.optimizer.zero_grad(set_to_none=True)
+        if err.kind in ("rank_lost", "internal") and call != "init":
+            engine.state = "failed"
+        return ("err", err.to_json())
+
+
+def combine(outcomes):
+    errors = [o[1] for o in outcomes if o[0] == "err"]
+    if not errors:
+        return outcomes[0]
+    errors.sort(key=lambda e: (PRECEDENCE.index(e["kind"]) if e["kind"] in PRECEDENCE else 99, e.get("rank", 0)))
+    return ("err", errors[0])
+
+
+class Worker:
+    """Rank 0's view: the engine, the operations, and the queue of commands for the main thread."""
+
+    def __init__(self, engine, run_dir, cmd_group):
+        self.engine = engine
+        self.run_dir = run_dir
+        self.cmd_group = cmd_group
+        self.lock = threading.Lock()
+        self.ops = collections.OrderedDict()
+        self.next_op = 1
+        self.running = None
+        self.queue = queue.Queue()
+        self.last_step = None  # (step, sha256, result) of the last completed step
+        key = os.environ.get("ARENA_RL_TRAINER_API_KEY", "")
+        if not key:
+            raise SystemExit("arena_rl_fsdp2: ARENA_RL_TRAINER_API_KEY is not set")
+        self.key = ("Bearer " + key).encode()
+
+    def authorised(self, header):
+        return hmac.compare_digest((header or "").encode(), self.key)
+
+    def new_op(self, kind, cmd):
+        with self.lock:
+            if self.running is not None:
+                raise WorkerError("busy", f"operation {self.running} ({self.ops[self.running]['kind']}) is running")
+            op_id = str(self.next_op)
+            self.next_op += 1
+            op = {"protocol": PROTOCOL, "op": op_id, "kind": kind, "state": "running", "progress": None, "result": None, "error": None}
+            self.ops[op_id] = op
+            if cmd is None:
+                return op
+            self.running = op_id
+        self.queue.put((op_id, cmd))
+        return op
+
+    def finish(self, op_id, outcome):
+        with self.lock:
+            op = self.ops[op_id]
+            if outcome[0] == "ok":
+                op["state"], op["result"] = "done", outcome[1]
+            else:
+                op["state"], op["error"] = "failed", outcome[1]
+            op["progress"] = None
+            if self.running == op_id:
+                self.running = None
+            finished = [k for k, v in self.ops.items() if v["state"] != "running"]
+            for k in finished[: max(0, len(finished) - KEEP_OPS)]:
+                del self.ops[k]
+
+    def start(self, call, req):
+        """Checks a long call and queues it; returns its operation."""
+        e = self.engine
+        if call != "init" and e.state != "ready":
+            raise WorkerError("protocol", f"the worker is {e.state}: call init first" if e.state == "new" else "the worker failed; restart it and load a checkpoint")
+        if call == "init" and e.state != "new":
+            raise WorkerError("protocol", f"init was already called (the worker is {e.state})")
+        if call == "init":
+            mp = req.get("model_path")
+            if not isinstance(mp, str) or not os.path.isdir(mp):
+                raise WorkerError("config", f"model_path {mp!r} is not a folder")
+            return self.new_op("init", {"call": "init", "req": req})
+        if call == "step":
+            step = req.get("step")
+            kind = req.get("kind")
+            if kind not in ("grpo", "sft"):
+                raise WorkerError("protocol", f"step kind must be grpo or sft, got {kind!r}", step=step)
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise WorkerError("protocol", f"step must be an integer, got {step!r}")
+            batch = inside(self.run_dir, req.get("batch"))
+            sha = req.get("sha256")
+            with self.lock:
+                last = self.last_step
+                completed = e.steps
+            if last is not None and step == last[0] and step == completed - 1:
+                if sha != last[1]:
+                    raise WorkerError("protocol", f"step {step} was already trained on a batch with sha256 {last[1]}, this one has {sha}", step=step)
+                op = self.new_op("step", None)
+                self.finish(op["op"], ("ok", last[2]))
+                return op
+            if step != completed:
+                raise WorkerError("protocol", f"step {step} is out of order: the worker has completed {completed} steps and expects step {completed}", step=step)
+            try:
+                digest = hashlib.sha256(open(batch, "rb").read()).hexdigest()
+            except OSError as err:
+                raise WorkerError("batch", f"cannot read batch file {batch}: {err.strerror}", step=step) from None
+            if sha != digest:
+                raise WorkerError("batch", f"batch file {batch} has sha256 {digest}, the call says {sha}", step=step)
+            clean = {"step": step, "kind": kind, "batch": batch, "sha256": sha}
+            if req.get("dump_gradients"):
+                clean["dump_gradients"] = inside(self.run_dir, req["dump_gradients"])
+            return self.new_op("step", {"call": "step", "req": clean})
+        if call == "publish":
+            dtype = req.get("dtype", "bf16")
+            if dtype not in ("bf16", "f32"):
+                raise WorkerError("config", f"publish dtype must be bf16 or f32, got {dtype!r}")
+            return self.new_op("publish", {"call": "publish", "req": {"path": inside(self.run_dir, req.get("path")), "dtype": dtype}})
+        if call in ("save", "load"):
+            path = inside(self.run_dir, req.get("path"))
+            if call == "load" and not os.path.isfile(os.path.join(path, "trainer.json")):
+                raise WorkerError("path", f"{path} holds no trainer.json: not a checkpoint")
+            return self.new_op(call, {"call": call, "req": {"path": path}})
+        raise WorkerError("protocol", f"unknown call {call}")
+
+    def progress_for(self, op_id):
+        def progress(phase, done, total):
+            with self.lock:
+                self.ops[op_id]["progress"] = {"phase": phase, "done": done, "total": total}
+
+        return progress
+
+    def serve_commands(self):
+        """Rank 0's main loop: one command at a time, on every rank."""
+        while True:
+            op_id, cmd = self.queue.get()
+            dist.broadcast_object_list([cmd], src=0, group=self.cmd_group)
+            outcome = run_command(self.engine, cmd, self.progress_for(op_id))
+            outcomes = gather(outcome, self.engine.world, self.cmd_group)
+            result = combine(outcomes)
+            if cmd["call"] == "step" and result[0] == "ok":
+                with self.lock:
+                    self.last_step = (cmd["req"]["step"], cmd["req"]["sha256"], result[1])
+            if cmd["call"] == "load" and result[0] == "ok":
+                with self.lock:
+                    self.last_step = None
+            if result[0] == "err" and result[1]["kind"] == "rank_lost":
+                self.engine.state = "failed"
+            self.finish(op_id, result)
+
+
+def gather(outcome, world, group):
+    if world == 1:
+        return [outcome]
+    out = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(outcome, out, dst=0, group=group)
+    return out
+
+
+def follow_commands(engine, cmd_group):
+    """The main loop of ranks other than 0."""
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=cmd_group)
+        cmd = box[0]
+        if cmd is None or cmd.get("call") == "exit":
+            return
+        outcome = run_command(engine, cmd)
+        gather(outcome, engine.world, cmd_group)
+
+
+def make_handler(worker):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "arena-rl-fsdp2"
+
+        def log_message(self, fmt, *args):  # quiet: the client logs what matters
+            pass
+
+        def answer(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def fail(self, err):
+            self.answer(STATUS.get(err.kind, 500), dict(err.to_json(), protocol=PROTOCOL))
+
+        def route(self, method):
+            path = self.path.split("?", 1)[0]
+            if method == "GET" and path == "/v1/health":
+                e = worker.engine
+                return self.answer(200, {"protocol": PROTOCOL, "ok": e.state != "failed", "world_size": e.world, "state": e.state, "op": worker.running})
+            if not worker.authorised(self.headers.get("Authorization")):
+                self.close_connection = True
+                raise WorkerError("auth", "missing or wrong bearer key")
+            if method == "GET":
+                if path == "/v1/hello":
+                    return self.answer(200, worker.engine.hello())
+                if path.startswith("/v1/ops/"):
+                    with worker.lock:
+                        op = worker.ops.get(path[len("/v1/ops/") :])
+                        op = json.loads(json.dumps(op)) if op else None
+                    if op is None:
+                        return self.answer(404, {"protocol": PROTOCOL, "kind": "protocol", "message": f"no operation {path[len('/v1/ops/'):]}"})
+                    return self.answer(200, op)
+                raise WorkerError("protocol", f"no route GET {path}")
+            call = path[len("/v1/") :] if path.startswith("/v1/") else None
+            if call not in LONG_CALLS:
+                raise WorkerError("protocol", f"no route POST {path}")
+            req = self.read_body()
+            op = worker.start(call, req)
+            return self.answer(202, {"protocol": PROTOCOL, "op": op["op"]})
+
+        def read_body(self):
+            try:
+                n = int(self.headers.get("Content-Length", "0"))
+            except ValueError:
+                raise WorkerError("protocol", "content-length is not a number") from None
+            if n > MAX_BODY:
+                self.close_connection = True
+                raise WorkerError("protocol", f"request body of {n} bytes is over the limit of {MAX_BODY}")
+            self.connection.settimeout(BODY_TIMEOUT_S)
+            try:
+                raw = self.rfile.read(n)
+                req = json.loads(raw or b"{}")
+            except (OSError, ValueError) as e:
+                self.close_connection = True
+                raise WorkerError("protocol", f"cannot read the request body: {e}") from None
+            finally:
+                self.connection.settimeout(None)
+            if not isinstance(req, dict):
+                raise WorkerError("protocol", "the request body must be a json object")
+            if req.get("protocol") != PROTOCOL:
+                raise WorkerError("protocol", f"the request speaks {req.get('protocol')!r}, the worker speaks {PROTOCOL}")
+            return req
+
+        def handle_method(self, method):
+            try:
+                self.route(method)
+            except WorkerError as e:
+                self.fail(e)
+            except Exception as e:  # noqa: BLE001
+                self.fail(classify(e))
+
+        def do_GET(self):
+            self.handle_method("GET")
+
+        def do_POST(self):
+            self.handle_method("POST")
+
+    return Handler
+
+
+def main(argv=None):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m arena_rl_fsdp2", description="The FSDP2 trainer worker of arena-rl (arena-rl-trainer/1).")
+    ap.add_argument("--listen", required=True, help="HOST:PORT rank 0 serves the protocol on")
+    ap.add_argument("--run-dir", required=True, help="the run's folder; every path a call names must lie inside it")
+    args = ap.parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    device = init_distributed()
+    cmd_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=3650))
+    obj_group = dist.new_group(backend="gloo")
+    engine = Engine(device, obj_group=obj_group)
+    if engine.rank != 0:
+        follow_commands(engine, cmd_group)
+        return
+    worker = Worker(engine, os.path.realpath(args.run_dir), cmd_group)
+    server = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), make_handler(worker))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    print(f"arena_rl_fsdp2: listening on {args.listen}, world size {engine.world}, device {device}", flush=True)
+    try:
+        worker.serve_commands()
+    finally:
+        server.shutdown()
+        time.sleep(0)
