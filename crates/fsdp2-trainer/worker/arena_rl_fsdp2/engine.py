@@ -197,7 +197,9 @@ class Engine:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         for layer in policy.lm.model.layers:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(policy, mesh=mesh, mp_policy=mp)
+        # The root's float input is the inverse temperatures, which must stay f32 (1/0.7 is not a bf16).
+        root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        fully_shard(policy, mesh=mesh, mp_policy=root_mp)
         return policy
 
     def init(self, req, progress=None):

@@ -35,14 +35,11 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
             return x[:, :, span].reshape(heads, c, n, d).transpose(0, 1)
 
         q, k, v = split(query, h), split(key, hkv), split(value, hkv)
-        if hkv != h and query.is_cuda:
-            # flash attention takes grouped key/value heads as they are
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
-        else:
-            if hkv != h:
-                k = k.repeat_interleave(h // hkv, dim=1)
-                v = v.repeat_interleave(h // hkv, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+        if hkv != h:
+            # grouped key/value heads expanded, so every backend (flash attention on CUDA) takes them
+            k = k[:, :, None].expand(c, hkv, h // hkv, n, d).reshape(c, h, n, d)
+            v = v[:, :, None].expand(c, hkv, h // hkv, n, d).reshape(c, h, n, d)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
         # [c, h, n, d] -> [1, c*n, h, d]
         outs.append(o.transpose(1, 2).reshape(1, c * n, h, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -58,7 +55,7 @@ def register():
 
 def _chunk_logp(h, w, targets, inv_t):
     """chunked.rs `logp_forward` for one chunk: `[log p(target), entropy]` at the rows' temperatures (f32)."""
-    z = (h @ w.t()).float() * inv_t[:, None]
+    z = (h @ w.t()).float() * inv_t.float()[:, None]
     m = z.max(dim=1, keepdim=True).values
     lse = m + (z - m).exp().sum(dim=1, keepdim=True).log()
     logp = z.gather(1, targets[:, None]) - lse
