@@ -303,13 +303,13 @@ class Engine:
     def step(self, kind, batch_path, step, progress=None, dump_gradients=None):
         """One optimiser step on a batch file: `grpo` (learner.rs `grpo_step`) or `sft` (`sft_step`).
         With `dump_gradients`, rank 0 also writes the batch's summed gradients (before clipping) there, by
-        Hugging Face name in f32, for parity tests."""
+        Hugging Face name in f32, for parity tests. `step=None` (benches) skips the check of the batch's step."""
         self._need_ready()
         started = time.perf_counter()
         b = read_batch(batch_path, self.vocab)
         if b.kind != kind:
             raise WorkerError("batch", f"the batch file is a {b.kind} batch, the call asked for {kind}")
-        if b.step != step:
+        if step is not None and b.step != step:
             raise WorkerError("batch", f"the batch file is for step {b.step}, the call is step {step}")
         packs, (sequences, forward_tokens, micro) = micro_batches(b, self.train.max_tokens_per_mb, self.world, self.rank)
         tally = Tally()
