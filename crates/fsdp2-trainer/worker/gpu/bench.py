@@ -195,6 +195,10 @@ def cmd_protocol(model_dir, run, token_sizes):
         out["publish_bf16"] = dict(c.call("publish", {"path": f"{run}/weights/proto-bf16", "dtype": "bf16"}),
                                    client_seconds=time.perf_counter() - t)
         return out
+    except BaseException:
+        log.flush()
+        print(open(f"{run}/worker.log").read()[-4000:], file=sys.stderr)
+        raise
     finally:
         os.killpg(proc.pid, 15)
         try:

@@ -4,11 +4,13 @@
 # client, for random-weight Qwen3-1.7B and Qwen3-4B shapes; peak memory at 8k against 32k; seconds to publish
 # a bf16 folder. Needs only python3 with torch (2.11+) and transformers (5.17+): no pip, no network.
 #
-# Usage: program.sh OUT            (OUT: a folder; one JSON file per stage, a failed stage writes its error)
+# Usage: program.sh OUT            (OUT: a folder; one JSON file per stage, a failed stage writes its error;
+#                                  summary.json; program.log holds each stage's log; 8 files at most)
 #   ARENA_RL_FSDP2_GPU_TINY=1      tiny shapes on the CPU, 256 and 1024 tokens (to test the program itself)
-#   DRIVE=path/to/drive            also drive the protocol with the Rust client (fsdp2-trainer's `drive`
-#                                  example, built beforehand) for Qwen3-1.7B
-# Bounded: the stages' limits add up to 345 s.
+#   DRIVE=path/to/drive            drive the protocol with the Rust client (fsdp2-trainer's `drive` example,
+#                                  built beforehand) instead of this folder's Python client, for Qwen3-1.7B
+#   TMPDIR                         where the model folders go (about 25 GB at most)
+# Bounded: the stages' limits add up to 345 s, and a stage that could not finish before 355 s is skipped.
 set -u
 OUT=${1:?usage: program.sh OUT}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -29,29 +31,41 @@ run() {
   local name=$1 limit=$2
   shift 2
   local t0=$(date +%s)
-  if timeout -k 5 "$limit" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log"; then
+  if [ $(( t0 - started + limit )) -gt 355 ]; then
+    printf '{"stage": "%s", "error": "skipped: the program would pass 6 minutes"}\n' "$name" > "$OUT/$name.json"
+    echo "$name: skipped"
+    return
+  fi
+  local log=$WORK/$name.log
+  if timeout -k 5 "$limit" "$@" > "$OUT/$name.json" 2> "$log"; then
     echo "$name: ok ($(( $(date +%s) - t0 )) s)"
   else
     local rc=$?
     printf '{"stage": "%s", "error": "exit %s", "log_tail": %s}\n' "$name" "$rc" \
-      "$(tail -c 3000 "$OUT/$name.log" | "$PY" -c 'import json,sys; print(json.dumps(sys.stdin.read()))')" > "$OUT/$name.json"
+      "$(tail -c 3000 "$log" | "$PY" -c 'import json,sys; print(json.dumps(sys.stdin.read()))')" > "$OUT/$name.json"
     echo "$name: failed ($rc, $(( $(date +%s) - t0 )) s)"
   fi
+  { echo "=== $name"; tail -c 20000 "$log"; } >> "$OUT/program.log"
 }
 
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+limits=(40 70 45 95)  # make and in-process stages of the two models
+i=0
 for m in $MODELS; do
-  run "make-$m" 60 "$PY" "$HERE/bench.py" make "$m" "$WORK/$m"
-  run "inprocess-$m" 110 "$PY" "$HERE/bench.py" inprocess "$WORK/$m" "$WORK/run-inproc-$m" $SIZES
-  rm -rf "$WORK/run-inproc-$m/weights"
+  run "make-$m" "${limits[i]}" "$PY" "$HERE/bench.py" make "$m" "$WORK/$m"
+  run "inprocess-$m" "${limits[i+1]}" "$PY" "$HERE/bench.py" inprocess "$WORK/$m" "$WORK/run-inproc-$m" $SIZES
+  rm -rf "$WORK/run-inproc-$m"
+  i=$((i + 2))
 done
 first=${MODELS%% *}
-run "protocol-$first" 100 "$PY" "$HERE/bench.py" protocol "$WORK/$first" "$WORK/run-proto-$first" $SIZES
-if [ -n "${DRIVE:-}" ]; then
+rm -rf "$WORK/qwen3-4b"
+if [ -z "${DRIVE:-}" ]; then
+  run "protocol-$first" 90 "$PY" "$HERE/bench.py" protocol "$WORK/$first" "$WORK/run-proto-$first" $SIZES
+else
   for s in $SIZES; do
     mkdir -p "$WORK/run-drive-$s"
-    run "drive-$first-$s" 60 env ARENA_RL_TRAINER_DEVICE=$([ "${ARENA_RL_FSDP2_GPU_TINY:-0}" = 1 ] && echo cpu) \
+    run "drive-$first-$s" 45 env ARENA_RL_TRAINER_DEVICE=$([ "${ARENA_RL_FSDP2_GPU_TINY:-0}" = 1 ] && echo cpu) \
       "$DRIVE" --run-dir "$WORK/run-drive-$s" --model "$WORK/$first" --tokens "$s" --seq-len $((s / 4)) --steps 3 \
       --python "$PY" --max-tokens-per-mb "$s" --dtype "$([ "${ARENA_RL_FSDP2_GPU_TINY:-0}" = 1 ] && echo f32 || echo bf16)" \
       --publish --out /dev/stdout
