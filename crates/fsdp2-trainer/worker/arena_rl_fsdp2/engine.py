@@ -184,7 +184,9 @@ class Engine:
         from transformers import AutoModelForCausalLM
 
         register()
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=ATTN)
+        # In the checkpoint's own dtype: each layer becomes f32 only as it is sharded (`_shard`), so a rank
+        # holds the whole model once, in the checkpoint's dtype, and then only its shard in f32.
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation=ATTN)
         if activation_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return lm
@@ -196,7 +198,9 @@ class Engine:
         mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("dp",))
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         for layer in policy.lm.model.layers:
+            layer.float()
             fully_shard(layer, mesh=mesh, mp_policy=mp)
+        policy.float()
         # The root's float input is the inverse temperatures, which must stay f32 (1/0.7 is not a bf16).
         root_mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
         fully_shard(policy, mesh=mesh, mp_policy=root_mp)
