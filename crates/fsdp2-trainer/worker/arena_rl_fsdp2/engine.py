@@ -260,7 +260,7 @@ class Engine:
         self.config = model_cfg
         self.tied = bool(getattr(lm.config, "tie_word_embeddings", False))
         self.model_info = {
-            "architecture": (model_cfg.get("architectures") or [lm.__class__.__name__])[0],
+            "architecture": (model_cfg.get("architectures") or [""])[0],
             "config_sha256": hashlib.sha256(raw).hexdigest(),
             "parameters": sum(p.numel() for p in policy.parameters()),
         }
