@@ -188,7 +188,11 @@ class Engine:
         # holds the whole model once, in the checkpoint's dtype, and then only its shard in f32.
         lm = AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation=ATTN)
         if activation_checkpointing:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers >= 5.2x renamed it; 5.17 has only the old name
+            if hasattr(lm, "activation_checkpointing_enable"):
+                lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return lm
 
     def _shard(self, policy, param_dtype):

@@ -194,9 +194,11 @@ class Worker:
         while True:
             op_id, cmd = self.queue.get()
             dist.broadcast_object_list([cmd], src=0, group=self.cmd_group)
+            started = time.perf_counter()
             outcome = run_command(self.engine, cmd, self.progress_for(op_id))
             outcomes = gather(outcome, self.engine.world, self.cmd_group)
             result = combine(outcomes)
+            print(summary_line(op_id, cmd, result, time.perf_counter() - started), flush=True)
             if cmd["call"] == "step" and result[0] == "ok":
                 with self.lock:
                     self.last_step = (cmd["req"]["step"], cmd["req"]["sha256"], result[1])
@@ -206,6 +208,23 @@ class Worker:
             if result[0] == "err" and result[1]["kind"] == "rank_lost":
                 self.engine.state = "failed"
             self.finish(op_id, result)
+
+
+def summary_line(op_id, cmd, result, seconds):
+    """One log line per operation on rank 0's standard output."""
+    head = f"arena_rl_fsdp2: op {op_id} {cmd['call']}"
+    if cmd["call"] == "step":
+        head += f" {cmd['req']['kind']} step {cmd['req']['step']}"
+    if result[0] == "err":
+        e = result[1]
+        return f"{head} failed after {seconds:.2f} s: rank {e.get('rank')}: {e['kind']}: {e['message']}"
+    if cmd["call"] == "step":
+        st = result[1]["stats"]
+        return (
+            f"{head} done in {seconds:.2f} s: loss {st['loss']:.6g} grad_norm {st['grad_norm']:.4g} lr {st['lr']:.3g} "
+            f"tokens {st['tokens']} forward_tokens {st['forward_tokens']} ({st['forward_tokens'] / max(seconds, 1e-9):.0f}/s)"
+        )
+    return f"{head} done in {seconds:.2f} s"
 
 
 def gather(outcome, world, group):
