@@ -324,6 +324,8 @@ class Engine:
         for i, p in enumerate(packs):
             if progress:
                 progress("forward_backward", i, len(packs))
+            if i == 1:
+                self._injected_fault(step)
             if kind == "grpo":
                 self._grpo_micro_batch(b, p, tally)
             else:
@@ -373,6 +375,15 @@ class Engine:
             )
         stats["seconds"] = time.perf_counter() - started
         return {"step": self.steps, "stats": stats}
+
+    def _injected_fault(self, step):
+        """Test hook: `ARENA_RL_TRAINER_FAULT=oom:RANK:STEP` raises an out-of-memory error on that rank at that
+        step, after its first micro-batch (so the other ranks are inside collectives)."""
+        fault = os.environ.get("ARENA_RL_TRAINER_FAULT", "")
+        if fault.startswith("oom:"):
+            _, rank, at = fault.split(":")
+            if int(rank) == self.rank and int(at) == step:
+                raise torch.OutOfMemoryError("injected by ARENA_RL_TRAINER_FAULT")
 
     def _forward(self, module, p):
         tokens, positions, runs, rows, targets, inv_t = self._inputs(p)

@@ -13,6 +13,7 @@ import hmac
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,13 @@ LONG_CALLS = ("init", "step", "publish", "save", "load")
 STATUS = {"auth": 401, "busy": 409, "protocol": 409, "batch": 400, "config": 400, "path": 403, "internal": 500, "oom": 500, "rank_lost": 500}
 # When ranks disagree, the error that says most: a rank's own failure before the timeouts it caused elsewhere.
 PRECEDENCE = ("oom", "batch", "config", "path", "protocol", "internal", "rank_lost")
+# Failures that can strike one rank while the others wait inside collectives: the failing rank reports the
+# typed error through a file in the run folder (rank 0's server answers it at once), waits FAIL_GRACE_S so
+# the client can read it, and exits, which makes torchrun end every rank. Batch, config, path and protocol
+# errors are found identically on every rank before any collective, so they never need this.
+FATAL = ("oom", "internal", "rank_lost")
+FAIL_GRACE_S = float(os.environ.get("ARENA_RL_TRAINER_FAIL_GRACE_S", "10"))
+ERRORS_DIR = ".arena_rl_fsdp2"
 
 
 def inside(run_dir, path):
@@ -41,6 +49,30 @@ def inside(run_dir, path):
     if os.path.commonpath([root, real]) != root:
         raise WorkerError("path", f"{path} is outside the run folder {run_dir}")
     return real
+
+
+def error_dir(run_dir):
+    return os.path.join(run_dir, ERRORS_DIR)
+
+
+def report_fatal(run_dir, err):
+    """Writes a rank's fatal error where rank 0's server finds it."""
+    d = error_dir(run_dir)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f"rank-{err.get('rank', 0)}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(err, f)
+    os.replace(tmp, tmp[: -len(".tmp")])
+
+
+def fatal_exit(engine, run_dir, err):
+    """A fatal error on a rank of several: report it, give the client FAIL_GRACE_S to read it, then exit so
+    torchrun ends the job (the others may be blocked in collectives that would otherwise wait for their
+    timeout)."""
+    report_fatal(run_dir, err)
+    print(f"arena_rl_fsdp2: rank {err.get('rank')}, step {err.get('step')}: {err['kind']}: {err['message']}; exiting", flush=True)
+    time.sleep(FAIL_GRACE_S)
+    os._exit(1)
 
 
 def run_command(engine, cmd, progress=None):
@@ -117,6 +149,8 @@ class Worker:
     def finish(self, op_id, outcome):
         with self.lock:
             op = self.ops[op_id]
+            if op["state"] != "running":
+                return
             if outcome[0] == "ok":
                 op["state"], op["result"] = "done", outcome[1]
             else:
@@ -189,13 +223,47 @@ class Worker:
 
         return progress
 
+    def reported_errors(self):
+        """Fatal errors other ranks reported through the run folder, most telling first."""
+        d = error_dir(self.run_dir)
+        errs = []
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            return []
+        for name in names:
+            if name.endswith(".json"):
+                try:
+                    errs.append(json.load(open(os.path.join(d, name))))
+                except (OSError, ValueError):
+                    pass
+        return [combine([("err", e) for e in errs])[1]] if errs else []
+
+    def check_reported(self):
+        """Fails the running operation with a fatal error another rank reported (called by the server)."""
+        if self.running is None and self.engine.state != "failed":
+            return
+        errs = self.reported_errors()
+        if errs:
+            self.engine.state = "failed"
+            with self.lock:
+                running = self.running
+            if running is not None:
+                self.finish(running, ("err", errs[0]))
+
     def serve_commands(self):
         """Rank 0's main loop: one command at a time, on every rank."""
+        shutil.rmtree(error_dir(self.run_dir), ignore_errors=True)
         while True:
             op_id, cmd = self.queue.get()
             dist.broadcast_object_list([cmd], src=0, group=self.cmd_group)
             started = time.perf_counter()
             outcome = run_command(self.engine, cmd, self.progress_for(op_id))
+            if outcome[0] == "err" and outcome[1]["kind"] in FATAL and self.engine.world > 1:
+                self.engine.state = "failed"
+                self.finish(op_id, outcome)
+                print(summary_line(op_id, cmd, outcome, time.perf_counter() - started), flush=True)
+                fatal_exit(self.engine, self.run_dir, outcome[1])
             outcomes = gather(outcome, self.engine.world, self.cmd_group)
             result = combine(outcomes)
             print(summary_line(op_id, cmd, result, time.perf_counter() - started), flush=True)
@@ -235,7 +303,7 @@ def gather(outcome, world, group):
     return out
 
 
-def follow_commands(engine, cmd_group):
+def follow_commands(engine, cmd_group, run_dir):
     """The main loop of ranks other than 0."""
     while True:
         box = [None]
@@ -244,6 +312,8 @@ def follow_commands(engine, cmd_group):
         if cmd is None or cmd.get("call") == "exit":
             return
         outcome = run_command(engine, cmd)
+        if outcome[0] == "err" and outcome[1]["kind"] in FATAL:
+            fatal_exit(engine, run_dir, outcome[1])
         gather(outcome, engine.world, cmd_group)
 
 
@@ -268,6 +338,7 @@ def make_handler(worker):
 
         def route(self, method):
             path = self.path.split("?", 1)[0]
+            worker.check_reported()
             if method == "GET" and path == "/v1/health":
                 e = worker.engine
                 return self.answer(200, {"protocol": PROTOCOL, "ok": e.state != "failed", "world_size": e.world, "state": e.state, "op": worker.running})
@@ -345,7 +416,7 @@ def main(argv=None):
     obj_group = dist.new_group(backend="gloo")
     engine = Engine(device, obj_group=obj_group)
     if engine.rank != 0:
-        follow_commands(engine, cmd_group)
+        follow_commands(engine, cmd_group, os.path.realpath(args.run_dir))
         return
     worker = Worker(engine, os.path.realpath(args.run_dir), cmd_group)
     server = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), make_handler(worker))
