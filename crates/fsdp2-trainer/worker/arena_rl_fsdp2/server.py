@@ -165,6 +165,9 @@ class Worker:
     def start(self, call, req):
         """Checks a long call and queues it; returns its operation."""
         e = self.engine
+        with self.lock:
+            if self.running is not None:
+                raise WorkerError("busy", f"operation {self.running} ({self.ops[self.running]['kind']}) is running")
         if call != "init" and e.state != "ready":
             raise WorkerError("protocol", f"the worker is {e.state}: call init first" if e.state == "new" else "the worker failed; restart it and load a checkpoint")
         if call == "init" and e.state != "new":
