@@ -50,7 +50,7 @@ run() {
 
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
-limits=(40 70 45 95)  # make and in-process stages of the two models
+limits=(40 70 55 90)  # make and in-process stages of the two models
 i=0
 for m in $MODELS; do
   run "make-$m" "${limits[i]}" "$PY" "$HERE/bench.py" make "$m" "$WORK/$m"
