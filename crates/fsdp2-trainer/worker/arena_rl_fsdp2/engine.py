@@ -233,9 +233,13 @@ class Engine:
         chunk = req.get("logprob_chunk_tokens", 1024)
         if not (isinstance(chunk, int) and chunk >= 1):
             raise WorkerError("config", f"logprob_chunk_tokens must be an integer >= 1, got {chunk!r}")
-        ac = bool(req.get("activation_checkpointing", False))
+        ac = req.get("activation_checkpointing", False)
+        if not isinstance(ac, bool):
+            raise WorkerError("config", f"activation_checkpointing must be true or false, got {ac!r}")
         seed = req.get("seed", 1)
-        torch.manual_seed(int(seed))
+        if not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+            raise WorkerError("config", f"seed must be an integer >= 0, got {seed!r}")
+        torch.manual_seed(seed)
         if progress:
             progress("load", 0, 2)
         lm = self._load_lm(path, ac)
