@@ -36,7 +36,7 @@ pub struct ArenaClient {
 }
 
 pub(crate) struct Inner {
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     base: String,
     token: SecretString,
     retry: RetryPolicy,

@@ -26,6 +26,7 @@ mod preflight;
 mod registry;
 mod renewal;
 mod retry;
+mod route_check;
 mod routes;
 mod streams;
 mod tasks;
@@ -43,6 +44,7 @@ pub use preflight::{PreflightOptions, StreamSummary, preflight, preflight_stream
 pub use registry::{AcquireReport, BeforeRegister, CloseReport, RegistryOptions, RouteLease, RouteRegistry};
 pub use renewal::{Renewal, RenewalStats, RenewalStep, maintain};
 pub use retry::RetryPolicy;
+pub use route_check::RouteCheck;
 pub use routes::{
     MODEL_NAME_PREFIX, ModelRegistration, direct_envs, random_uuid, rollout_model_name, session_gateway_envs,
     session_route_name,

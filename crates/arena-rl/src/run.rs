@@ -13,6 +13,7 @@ mod collect;
 mod eval;
 pub mod leftovers;
 mod pipeline;
+mod reach;
 mod rollout_only;
 mod serving;
 pub mod settings;

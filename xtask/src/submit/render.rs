@@ -81,6 +81,8 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         format!("actor.total_train_steps={}", k.steps),
         format!("actor.max_tokens_per_mb={}", k.context),
         format!("rollout.max_concurrent_rollouts={}", k.concurrency),
+        // Every interface: the run advertises the address of the one that routes to Arena (docs/slurm.md).
+        "proxy.host=0.0.0.0".to_string(),
     ];
     o.extend(device_overrides(&l.placement));
     if let Some(d) = &l.dataset_config {

@@ -44,7 +44,7 @@ harnesses:
 
 /// Builds the binaries the jobs run (debug profile, the test's own target directory) and returns
 /// (`arena-rl`, `arena-sim`).
-fn binaries() -> (PathBuf, PathBuf) {
+pub(crate) fn binaries() -> (PathBuf, PathBuf) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");

@@ -189,6 +189,7 @@ struct StartedProxy {
 /// Sets a run up: paths, journal, leftovers, Arena, streams and rows, proxy, engine, routing.
 pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -> Result<Run> {
     let paths = RunPaths::of(&config);
+    let reach = super::reach::plan(&config)?;
     let dir = model_dir(&config)?;
     let (journal, replay) = Journal::open(&paths.journal)?;
     if replay.torn_lines > 0 {
@@ -207,8 +208,12 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         Some(e) => e,
         None => build_engine(&config, env, &model, &dir).await?,
     };
-    let proxy = start_proxy(&config, env, model, &engine).await?;
+    let proxy = start_proxy(&config, env, model, &engine, &reach).await?;
+    tracing::info!(proxy = %proxy.public_url, "the proxy advertises this address to Arena");
     let (routing, gateway_key) = route_setup(&config, env, &client, &journal, &proxy.state)?;
+    reach
+        .check(&client, env, &proxy.control, &proxy.public_url)
+        .await?;
     let audit = if config.econfig.arena_result_dump_dir.trim().is_empty() {
         None
     } else {
@@ -416,6 +421,7 @@ async fn start_proxy(
     env: &Env,
     model: Arc<ChatModel>,
     engine: &EngineHandle,
+    reach: &super::reach::Reach,
 ) -> Result<StartedProxy> {
     let admin = admin_key(config, env);
     let mut proxy_config = settings::proxy_config(config, admin.clone());
@@ -434,16 +440,7 @@ async fn start_proxy(
             reason: e.to_string(),
         })?;
     let bound = server.local_addr();
-    let public_url = if config.proxy.public_url.is_empty() {
-        let host = if bound.ip().is_unspecified() {
-            crate::observe::hostname()
-        } else {
-            bound.ip().to_string()
-        };
-        format!("http://{host}:{}", bound.port())
-    } else {
-        config.proxy.public_url.trim_end_matches('/').to_string()
-    };
+    let public_url = reach.public_url(config, bound);
     // The control client reaches the proxy on loopback unless it is bound to one specific other address.
     let control_base = if bound.ip().is_unspecified() || bound.ip().is_loopback() {
         format!("http://127.0.0.1:{}", bound.port())
