@@ -63,9 +63,10 @@ pub(crate) const FLASH_V3_TOPOLOGY: [(u32, &str, &str); 4] = [
 /// The ten knobs of a profile, as `--print-profile` prints them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Knobs {
-    /// The reference's node count for the profile (`N_NODES` for Flash V3).
+    /// Nodes: the reference's count (`N_NODES` for Flash V3) until `--print-profile` replaces it with what
+    /// the GPU job allocates (the trainer's node plus the policy servers').
     pub(crate) nodes: u32,
-    /// The reference's trainer layout (`fsdp:...`, `megatron:...`, or `burn:cpu`).
+    /// What trains: `burn:cpu`, or `burn:1gpu` (the reference's `fsdp:...`/`megatron:...` layouts are not run).
     pub(crate) actor: String,
     /// The reference's rollout layout (`sglang:dDtTpP`, or `in-process`).
     pub(crate) rollout: String,
@@ -114,7 +115,8 @@ pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Opt
         }),
         Profile::Grpo => Some(Knobs {
             nodes: 2,
-            actor: "fsdp:d8p1t1".into(),
+            // The reference trains with FSDP `d8p1t1`; burn trains on the trainer node's first GPU.
+            actor: "burn:1gpu".into(),
             rollout: "sglang:d4p1t2".into(),
             context: 32768,
             max_tokens: 32767,
@@ -165,13 +167,14 @@ fn flash_v3(env: &Env, problems: &mut Problems) -> Option<Knobs> {
         return None;
     }
     let (nodes, context) = (nodes?, context?);
-    let (_, actor, rollout) = FLASH_V3_TOPOLOGY
+    let (_, _reference_actor, rollout) = FLASH_V3_TOPOLOGY
         .iter()
         .find(|(n, _, _)| *n == nodes)
         .expect("N_NODES was checked against the table");
     Some(Knobs {
         nodes,
-        actor: (*actor).into(),
+        // The reference trains with the table's Megatron layout; burn trains on the trainer node's first GPU.
+        actor: "burn:1gpu".into(),
         rollout: (*rollout).into(),
         context,
         max_tokens: max_tokens.unwrap_or(context - 1),

@@ -193,10 +193,13 @@ fn controller_resources(profile: Profile) -> String {
     }
 }
 
+/// A GPU job takes its nodes whole (`--exclusive`, all their memory with `--mem=0`): the trainer's node runs the
+/// loop, the proxy and tokenisation for every session in flight, and a shared node would give it what is left.
+/// A CPU-only job (`local`) shares its node with the controller, so it asks for nothing more than its task.
 fn train_resources(l: &Launch) -> String {
     match l.placement.gpus_per_node {
         0 => String::new(),
-        g => format!("#SBATCH --gres=gpu:{g}"),
+        g => format!("#SBATCH --gres=gpu:{g}\n#SBATCH --exclusive\n#SBATCH --mem=0"),
     }
 }
 

@@ -464,6 +464,14 @@ fn bad_overrides_are_refused_and_credentials_are_not_echoed() {
             "override 'econfig.stream_id' changes the Streams, which the controller's preflight reads from the config file: edit the config (or, for flash-v3, set DATASET_CONFIG) instead",
         ),
         (
+            "cluster.n_nodes=3",
+            "override 'cluster.n_nodes' would contradict the job's allocation, which the profile sets from N_NODES and N_GPUS_PER_NODE: set those instead",
+        ),
+        (
+            "cluster.n_gpus_per_node=4",
+            "override 'cluster.n_gpus_per_node' would contradict the job's allocation, which the profile sets from N_NODES and N_GPUS_PER_NODE: set those instead",
+        ),
+        (
             "experiment_name=a\nb",
             "override 'experiment_name' must not contain control characters",
         ),
@@ -589,6 +597,37 @@ fn rendered_scripts_for_every_profile_and_node_count() {
     }
     for (name, launch) in cases {
         insta::assert_snapshot!(format!("scripts_{name}"), snapshot(&site, &launch));
+    }
+}
+
+/// `--print-profile`'s `nodes` is what the GPU job allocates (`#SBATCH --nodes`) and what the run is told
+/// (`cluster.n_nodes`), for every profile and `N_NODES`; flash-v3 printed `N_NODES` while allocating one more.
+#[test]
+fn print_profile_nodes_are_the_jobs_allocation() {
+    let site = Site::new();
+    let mut cases: Vec<(Profile, Option<&str>)> = vec![(Profile::Local, None), (Profile::Grpo, None)];
+    cases.extend(["2", "4", "8", "16"].map(|n| (Profile::FlashV3, Some(n))));
+    for (profile, n_nodes) in cases {
+        let changes: Vec<(&str, Option<&str>)> = n_nodes.map(|n| ("N_NODES", Some(n))).into_iter().collect();
+        let launch = site.launch(profile, Mode::Submit, &changes, &[]).expect("valid");
+        let scripts = render::render(&launch);
+        let mut vars = site.env();
+        vars.extend(
+            changes
+                .iter()
+                .filter_map(|(k, v)| v.map(|v| (k.to_string(), v.to_string()))),
+        );
+        let env: Env = vars.into_iter().collect();
+        let printed = validate::profile_knobs(profile, &env).expect("valid").nodes;
+        let allocated = format!("#SBATCH --nodes={printed}\n");
+        assert!(
+            scripts.train.contains(&allocated),
+            "{profile:?} {changes:?}: prints nodes={printed}"
+        );
+        assert!(
+            render::profile_overrides(&launch).contains(&format!("cluster.n_nodes={printed}")),
+            "{profile:?} {changes:?}"
+        );
     }
 }
 

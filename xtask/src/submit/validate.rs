@@ -78,8 +78,16 @@ pub(crate) struct Launch {
 /// Reads only what `--print-profile` needs: the profile's knobs, with no path checks.
 pub(crate) fn profile_knobs(profile: Profile, env: &Env) -> Result<Knobs, Problems> {
     let mut problems = Problems::default();
-    match profile::knobs(profile, env, &mut problems) {
-        Some(k) if problems.len() == 0 => Ok(k),
+    let knobs = profile::knobs(profile, env, &mut problems);
+    // `nodes` is what the GPU job allocates: the trainer's node and the policy servers' nodes.
+    let placement = knobs
+        .as_ref()
+        .and_then(|k| profile::placement(profile, k, env, &mut problems));
+    match (knobs, placement) {
+        (Some(mut k), Some(placement)) if problems.len() == 0 => {
+            k.nodes = placement.job_nodes();
+            Ok(k)
+        }
         _ => Err(problems),
     }
 }
@@ -492,6 +500,10 @@ const STREAM_KEYS: [&str; 4] = [
     "econfig.stream_id",
 ];
 
+/// Keys the profile sets from the job's allocation (`N_NODES`, `N_GPUS_PER_NODE`); an override would make the
+/// run believe in nodes or GPUs the job does not have.
+const PLACEMENT_KEYS: [&str; 2] = ["cluster.n_nodes", "cluster.n_gpus_per_node"];
+
 /// A user override: `dotted.key=value`, never a credential (those come from the credentials file only).
 fn check_override(p: &mut Problems, o: &str) {
     let Some((key, value)) = o.split_once('=') else {
@@ -514,6 +526,10 @@ fn check_override(p: &mut Problems, o: &str) {
     } else if STREAM_KEYS.contains(&key) {
         p.push(format!(
             "override '{key}' changes the Streams, which the controller's preflight reads from the config file: edit the config (or, for flash-v3, set DATASET_CONFIG) instead"
+        ));
+    } else if PLACEMENT_KEYS.contains(&key) {
+        p.push(format!(
+            "override '{key}' would contradict the job's allocation, which the profile sets from N_NODES and N_GPUS_PER_NODE: set those instead"
         ));
     } else if value.chars().any(char::is_control) {
         p.push(format!("override '{key}' must not contain control characters"));

@@ -26,7 +26,7 @@ fn print_profile_prints_ten_lines_and_needs_no_paths() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        "nodes=4\nactor=megatron:(attn:d2p2t4c2|ffn:d2p2e8)\nrollout=sglang:d8t4p1\ncontext=65536\n\
+        "nodes=5\nactor=burn:1gpu\nrollout=sglang:d8t4p1\ncontext=65536\n\
          max_tokens=65535\nmax_new_tokens=65535\nbatch=32\nsamples=12\nsteps=500\nconcurrency=1500\n"
     );
 }

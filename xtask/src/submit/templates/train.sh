@@ -102,14 +102,19 @@ if [[ -z "${ARENA_RL_POLICY_API_KEY:-}" ]]; then
 fi
 export ARENA_RL_POLICY_API_KEY
 
+# Each step asks for its CPUs: the trainer every CPU of its node, each policy server its share of its node's.
+node_cpus="${SLURM_CPUS_ON_NODE:-1}"
+server_cpus=$((node_cpus / (replicas_per_node > 0 ? replicas_per_node : 1)))
+((server_cpus > 0)) || server_cpus=1
+
 servers_pid=""
 if ((${#serve_nodes[@]} > 0)); then
-    srun --nodes="${#serve_nodes[@]}" --ntasks-per-node="$replicas_per_node" \
+    srun --nodes="${#serve_nodes[@]}" --ntasks-per-node="$replicas_per_node" --cpus-per-task="$server_cpus" \
         --nodelist="$(IFS=,; echo "${serve_nodes[*]}")" --export=ALL \
         "${server_container[@]}" bash "$ARENA_SUBMISSION_DIR/train.sbatch" --step policy-server &
     servers_pid=$!
 fi
-srun --nodes=1 --ntasks=1 --nodelist="$trainer_node" --export=ALL \
+srun --nodes=1 --ntasks=1 --cpus-per-task="$node_cpus" --nodelist="$trainer_node" --export=ALL \
     "${trainer_container[@]}" bash "$ARENA_SUBMISSION_DIR/train.sbatch" --step trainer &
 trainer_pid=$!
 
