@@ -240,6 +240,17 @@ class Engine:
         if not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
             raise WorkerError("config", f"seed must be an integer >= 0, got {seed!r}")
         torch.manual_seed(seed)
+        if self.policy is not None:
+            # init again on a ready worker: the previous model, reference and optimiser go first
+            self.policy = self.reference = self.optimizer = None
+            self.model_info = None
+            self.state = "new"
+            self.steps = 0
+            import gc
+
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         if progress:
             progress("load", 0, 2)
         lm = self._load_lm(path, ac)

@@ -170,8 +170,8 @@ class Worker:
                 raise WorkerError("busy", f"operation {self.running} ({self.ops[self.running]['kind']}) is running")
         if call != "init" and e.state != "ready":
             raise WorkerError("protocol", f"the worker is {e.state}: call init first" if e.state == "new" else "the worker failed; restart it and load a checkpoint")
-        if call == "init" and e.state != "new":
-            raise WorkerError("protocol", f"init was already called (the worker is {e.state})")
+        if call == "init" and e.state == "failed":
+            raise WorkerError("protocol", "the worker failed; restart it")
         if call == "init":
             mp = req.get("model_path")
             if not isinstance(mp, str) or not os.path.isdir(mp):
@@ -273,7 +273,7 @@ class Worker:
             if cmd["call"] == "step" and result[0] == "ok":
                 with self.lock:
                     self.last_step = (cmd["req"]["step"], cmd["req"]["sha256"], result[1])
-            if cmd["call"] == "load" and result[0] == "ok":
+            if cmd["call"] in ("load", "init") and result[0] == "ok":
                 with self.lock:
                     self.last_step = None
             if result[0] == "err" and result[1]["kind"] == "rank_lost":

@@ -58,3 +58,16 @@ for k in ("loss", "grad_norm", "entropy", "ref_kl"):
     print(f"  resumed {k}: {a} vs {b}  rel {abs(a-b)/max(abs(a),1e-30):.2e}")
 os.killpg(proc.pid, 15); proc.wait()
 print("smoke ok", round(time.time() - t0, 1), "s")
+# init again on a ready worker replaces model, optimiser and step count
+proc = start(n, 18733)
+c = Client("127.0.0.1:18733", key="k-smoke")
+c.wait_ready(proc=proc)
+c.call("init", {"model_path": f"{work}/{arch}", "train": train, "param_dtype": "f32", "logprob_chunk_tokens": 16, "seed": 1})
+a = c.step(0, "grpo", f"{run}/batches/batch-0.safetensors")
+c.step(1, "grpo", f"{run}/batches/batch-1.safetensors")
+c.call("init", {"model_path": f"{work}/{arch}", "train": train, "param_dtype": "f32", "logprob_chunk_tokens": 16, "seed": 1})
+assert c.hello()["step"] == 0
+b = c.step(0, "grpo", f"{run}/batches/batch-0.safetensors")
+assert a["stats"]["loss"] == b["stats"]["loss"] and a["stats"]["grad_norm"] == b["stats"]["grad_norm"], (a, b)
+print("init again: step 0 repeats exactly", b["stats"]["loss"])
+os.killpg(proc.pid, 15); proc.wait()
