@@ -45,7 +45,8 @@ impl ResolvedStream {
             .rule
             .clone()
             .with_integrity(config.guard.policy(Some(&name)), ids)
-            .with_failure_policy(config.econfig.arena_failure_policy);
+            .with_failure_policy(config.econfig.arena_failure_policy)
+            .with_sample_level_rejection(config.gconfig.reject_terminal_task_failures);
         self.integrity_profile = crate::run::settings::integrity_profile(config, &name);
         Ok(())
     }

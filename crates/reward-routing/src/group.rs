@@ -26,6 +26,12 @@ pub struct GroupSettings {
     pub drop_incomplete_group: bool,
     /// Z-score each group's rewards at rollout time (`gconfig.reward_normalization`).
     pub reward_normalization: bool,
+    /// With `reward_normalization`, subtract the group mean only (`gconfig.reward_normalization_use_std:
+    /// false`, AReaL #1750's mean-only groups).
+    pub mean_only: bool,
+    /// Reject a group with fewer kept samples (`gconfig.min_usable_group_size`); 0 and 1 keep any group with
+    /// one.
+    pub min_usable_group_size: usize,
 }
 
 /// One kept sample of a group.
@@ -97,6 +103,13 @@ pub enum GroupRejection {
         /// Samples run.
         size: usize,
     },
+    /// Fewer samples produced a trajectory than `min_usable_group_size`.
+    TooFewUsable {
+        /// Samples kept.
+        kept: usize,
+        /// The minimum.
+        min: usize,
+    },
     /// A sample's reward is NaN or infinite.
     InvalidReward {
         /// The sample's index.
@@ -107,12 +120,14 @@ pub enum GroupRejection {
 }
 
 impl GroupRejection {
-    /// A stable label for metrics: `sample_rejected`, `all_dropped`, `incomplete` or `invalid_reward`.
+    /// A stable label for metrics: `sample_rejected`, `all_dropped`, `incomplete`, `too_few_usable` or
+    /// `invalid_reward`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::SampleRejected { .. } => "sample_rejected",
             Self::AllDropped => "all_dropped",
             Self::Incomplete { .. } => "incomplete",
+            Self::TooFewUsable { .. } => "too_few_usable",
             Self::InvalidReward { .. } => "invalid_reward",
         }
     }
@@ -127,6 +142,10 @@ impl fmt::Display for GroupRejection {
                 f,
                 "only {kept} of {size} samples produced a trajectory and drop_incomplete_group is on"
             ),
+            Self::TooFewUsable { kept, min } => write!(
+                f,
+                "only {kept} samples produced a trajectory and gconfig.min_usable_group_size is {min}"
+            ),
             Self::InvalidReward { index, value } => {
                 write!(f, "sample {index} has a non-finite reward {value}")
             }
@@ -137,8 +156,9 @@ impl fmt::Display for GroupRejection {
 /// Assembles one prompt's sample results into a group.
 ///
 /// Any rejected sample rejects the group; dropped samples are left out (or reject the group under
-/// `drop_incomplete_group`); with `reward_normalization` and more than one sample run, the kept rewards are
-/// z-scored with [`normalize_rollout`]. Raw rewards stay available as [`GroupSample::original_reward`].
+/// `drop_incomplete_group`, or when fewer than `min_usable_group_size` are kept); with `reward_normalization`
+/// and more than one sample run, the kept rewards are z-scored with [`normalize_rollout`], or only centred
+/// under `mean_only`. Raw rewards stay available as [`GroupSample::original_reward`].
 pub fn assemble_group(samples: &[SampleResult], settings: &GroupSettings) -> Result<Group, GroupRejection> {
     let mut kept = Vec::with_capacity(samples.len());
     for (index, sample) in samples.iter().enumerate() {
@@ -165,11 +185,23 @@ pub fn assemble_group(samples: &[SampleResult], settings: &GroupSettings) -> Res
             size: samples.len(),
         });
     }
+    if kept.len() < settings.min_usable_group_size {
+        return Err(GroupRejection::TooFewUsable {
+            kept: kept.len(),
+            min: settings.min_usable_group_size,
+        });
+    }
     let raw: Vec<f64> = kept.iter().map(|(_, reward)| *reward).collect();
-    let rewards = if settings.reward_normalization && samples.len() > 1 {
-        normalize_rollout(&raw)
-    } else {
-        raw
+    let rewards = match (
+        settings.reward_normalization && samples.len() > 1,
+        settings.mean_only,
+    ) {
+        (false, _) => raw,
+        (true, false) => normalize_rollout(&raw),
+        (true, true) => {
+            let mean = raw.iter().sum::<f64>() / raw.len() as f64;
+            raw.iter().map(|r| r - mean).collect()
+        }
     };
     Ok(Group {
         samples: kept

@@ -292,6 +292,7 @@ impl RewardConfig {
         GroupSettings {
             drop_incomplete_group: self.drop_incomplete_group,
             reward_normalization: self.reward_normalization,
+            ..GroupSettings::default()
         }
     }
 

@@ -30,6 +30,7 @@ pub struct RewardRule {
     integrity: IntegrityPolicy,
     integrity_rules: Arc<[String]>,
     failure_policy: FailurePolicy,
+    sample_level_rejection: bool,
 }
 
 impl RewardRule {
@@ -57,6 +58,7 @@ impl RewardRule {
             integrity: IntegrityPolicy::Record,
             integrity_rules: Arc::from([]),
             failure_policy: FailurePolicy::default(),
+            sample_level_rejection: false,
         })
     }
 
@@ -69,7 +71,21 @@ impl RewardRule {
             integrity: IntegrityPolicy::Record,
             integrity_rules: Arc::from([]),
             failure_policy: FailurePolicy::default(),
+            sample_level_rejection: false,
         }
+    }
+
+    /// The same rule with `gconfig.reject_terminal_task_failures`: a training rollout rejected for a grader
+    /// failure (`EVAL_FAILED`) or an unattributed `HARNESS_FAILED`, `NO_OUTPUT` or `TIMEOUT` drops only its
+    /// sample (AReaL #1751).
+    pub fn with_sample_level_rejection(mut self, on: bool) -> Self {
+        self.sample_level_rejection = on;
+        self
+    }
+
+    /// See [`RewardRule::with_sample_level_rejection`].
+    pub fn sample_level_rejection(&self) -> bool {
+        self.sample_level_rejection
     }
 
     /// The same rule under another [`FailurePolicy`].

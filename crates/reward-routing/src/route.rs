@@ -156,6 +156,7 @@ pub struct Routed {
     episode_metrics: Vec<Metric>,
     scope: Scope,
     session_id: Option<String>,
+    sample_only: bool,
 }
 
 /// What to record once a trained rollout's session export is known.
@@ -251,7 +252,9 @@ impl Routed {
     /// The sample's result for group post-processing, once its export is known.
     pub fn sample_result(&self, exported: bool) -> SampleResult {
         match &self.decision {
-            Decision::Reject(reason) if reason.rejects_group() => SampleResult::Rejected(reason.clone()),
+            Decision::Reject(reason) if reason.rejects_group() && !self.sample_only => {
+                SampleResult::Rejected(reason.clone())
+            }
             Decision::Reject(_) => SampleResult::Dropped,
             decision => match decision.reward() {
                 Some(reward) if exported => SampleResult::Reward(reward),
@@ -374,6 +377,10 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
         );
     }
 
+    let sample_only = sample_level(episode, rule, &decision);
+    if rule.sample_level_rejection() {
+        metrics.push(scope.flag("sample_level_rejection", sample_only));
+    }
     let episode_metrics = match decision.reward() {
         Some(reward) => episode_metrics(scope, row, task_of(&episode.outcome), reward),
         None => Vec::new(),
@@ -386,7 +393,28 @@ pub fn route_outcome(episode: &Episode, rule: &RewardRule) -> Routed {
         episode_metrics,
         scope,
         session_id: episode.session_id.clone().filter(|s| !s.is_empty()),
+        sample_only,
     }
+}
+
+/// Whether `decision` drops only its sample under [`RewardRule::sample_level_rejection`] (`arena-2026.md`
+/// 2.7): a training rollout, no proxy system error, and the grader's failure or an unattributed terminal
+/// harness failure.
+fn sample_level(episode: &Episode, rule: &RewardRule, decision: &Decision) -> bool {
+    let Decision::Reject(reason) = decision else {
+        return false;
+    };
+    rule.sample_level_rejection()
+        && episode.scope == Scope::Rollout
+        && !episode.proxy_system_error
+        && match reason {
+            RejectReason::SystemFailure { status } => *status == TaskStatus::EvalFailed,
+            RejectReason::UnknownFailure { status } => matches!(
+                status,
+                TaskStatus::HarnessFailed | TaskStatus::NoOutput | TaskStatus::Timeout
+            ),
+            _ => false,
+        }
 }
 
 /// What the stream's integrity policy makes of a decision to train a rollout whose session hit rules.

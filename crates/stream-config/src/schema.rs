@@ -114,6 +114,17 @@ pub struct GenerationConfig {
     pub reward_normalization: bool,
     /// Drop a whole group when any of its samples failed.
     pub drop_incomplete_group: bool,
+    /// With `reward_normalization`, divide by the group's standard deviation (true, the default); false
+    /// subtracts the group mean only (AReaL #1750's mean-only groups). false needs `reward_normalization`.
+    pub reward_normalization_use_std: bool,
+    /// A group with fewer samples that produced a trajectory is rejected (`usable_group`); 1 keeps any group
+    /// with one (AReaL's `min_usable_group_size`, kept in `gconfig` here). At most `n_samples`.
+    pub min_usable_group_size: u32,
+    /// A training rollout whose task ended `EVAL_FAILED` (the grader's failure), or `HARNESS_FAILED`,
+    /// `NO_OUTPUT` or `TIMEOUT` without model evidence, drops only its own sample instead of failing its
+    /// group (AReaL #1751's `reject_terminal_task_failures`); never after a proxy system error, never in
+    /// evaluation. See docs/failure-dispositions.md.
+    pub reject_terminal_task_failures: bool,
 }
 
 impl Default for GenerationConfig {
@@ -127,6 +138,9 @@ impl Default for GenerationConfig {
             harness_sampling: HarnessSampling::Honour,
             reward_normalization: false,
             drop_incomplete_group: false,
+            reward_normalization_use_std: true,
+            min_usable_group_size: 1,
+            reject_terminal_task_failures: false,
         }
     }
 }
@@ -677,6 +691,22 @@ impl RunConfig {
         }
         if let Some(n) = &self.actor.adv_norm {
             check_norm(&mut c, a.key("adv_norm"), n);
+        }
+        if !self.gconfig.reward_normalization_use_std && !self.gconfig.reward_normalization {
+            c.push(
+                g.key("reward_normalization_use_std"),
+                "false (mean-only groups) needs gconfig.reward_normalization: true",
+            );
+        }
+        let min_usable = self.gconfig.min_usable_group_size;
+        if min_usable == 0 || min_usable > self.gconfig.n_samples.max(1) {
+            c.push(
+                g.key("min_usable_group_size"),
+                format!(
+                    "must be between 1 and gconfig.n_samples ({}), got {min_usable}",
+                    self.gconfig.n_samples
+                ),
+            );
         }
         self.actor.check_update(&a, &mut c);
 

@@ -195,11 +195,14 @@ pub fn concurrency(config: &RunConfig) -> usize {
         .max(1)
 }
 
-/// Rollout-time group handling (`gconfig.drop_incomplete_group`, `gconfig.reward_normalization`).
+/// Rollout-time group handling (`gconfig.drop_incomplete_group`, `reward_normalization`,
+/// `reward_normalization_use_std`, `min_usable_group_size`).
 pub fn group_settings(config: &RunConfig) -> GroupSettings {
     GroupSettings {
         drop_incomplete_group: config.gconfig.drop_incomplete_group,
         reward_normalization: config.gconfig.reward_normalization,
+        mean_only: !config.gconfig.reward_normalization_use_std,
+        min_usable_group_size: config.gconfig.min_usable_group_size as usize,
     }
 }
 

@@ -19,6 +19,11 @@ use crate::proxy_control::Session;
 use crate::resolve::{PromptRow, ResolvedStream};
 use rollout_proxy::control::wire::{EndSessionReply, IntegritySelection};
 
+/// The task env that bounds a harness's wait for one model answer, in seconds.
+pub(crate) const HARNESS_LLM_TIMEOUT_ENV: &str = "DSH_LLM_REQUEST_TIMEOUT_SECONDS";
+/// Its value in training task envs when neither the run nor the stream sets it: two hours.
+pub(crate) const HARNESS_LLM_TIMEOUT_TRAINING: &str = "7200";
+
 fn reject(record: &mut RolloutRecord, reason: &str, message: String) {
     tracing::warn!(sample = %record.key, reason, %message, "rollout rejected");
     record.verdict = Verdict::Rejected {
@@ -107,7 +112,7 @@ impl Workflow {
             }
         };
         let hooks = JournalHooks::new(&self.journal, key);
-        let spec = self.rollout_spec(key, stream, row, &session);
+        let spec = self.rollout_spec(key, stream, row, &session, scope);
         let report = self.client.run_rollout_with(&self.routing, &spec, &hooks).await;
         if let Some(failure) = hooks.take_failure() {
             return Err(failure);
@@ -140,12 +145,21 @@ impl Workflow {
         stream: &ResolvedStream,
         row: &PromptRow,
         session: &Session,
+        scope: Scope,
     ) -> RolloutSpec {
+        let mut task_envs = stream.config.task_envs.clone();
+        // A training harness must outwait the weight updates that pause generation (AReaL #1751,
+        // arena-2026.md 2.13); a value the run or the stream set wins, and evaluation sets none.
+        if scope == Scope::Rollout {
+            task_envs
+                .entry(HARNESS_LLM_TIMEOUT_ENV.to_string())
+                .or_insert_with(|| HARNESS_LLM_TIMEOUT_TRAINING.to_string());
+        }
         RolloutSpec {
             stream_id: stream.config.stream_id.clone(),
             data_id: row.row.data_id.clone(),
             harness: Some(stream.config.harness.clone()),
-            task_envs: stream.config.task_envs.clone(),
+            task_envs,
             proxy_base_url: self.proxy_public_url.clone(),
             session_key: session.api_key.clone(),
             session_id: Some(session.session_id.clone()),

@@ -184,3 +184,80 @@ async fn receipts_decide_harness_failures_under_the_strict_policy_only() {
         }
     }
 }
+
+/// `arena-2026.md` 2.7, 2.9 and 2.13 through the loop: with `gconfig.reject_terminal_task_failures` an
+/// unattributed `HARNESS_FAILED` drops only its sample and its group trains on the rest (down to
+/// `gconfig.min_usable_group_size`); training launches carry `DSH_LLM_REQUEST_TIMEOUT_SECONDS=7200` unless
+/// the run sets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unattributed_failures_drop_only_their_sample_down_to_the_usable_minimum() {
+    let fault = RunnerFault {
+        probability: 0.4,
+        ..RunnerFault::always("HARNESS_FAILED")
+    };
+    let mut w = world_failing_with(fault);
+    w.seed = 11;
+    let sim = ArenaSim::start(w).await.expect("sim");
+    let common = [
+        "train_dataset.batch_size=3",
+        "gconfig.n_samples=4",
+        "gconfig.reward_normalization=true",
+        "actor.reward_norm=null",
+        "gconfig.reward_normalization_use_std=false",
+        "gconfig.reject_terminal_task_failures=true",
+    ];
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let summary = rollout(&sim, root.path(), &common).await;
+    let records = jsonl(&summary.run_dir.join("rollouts.jsonl"));
+    let dropped = records
+        .iter()
+        .filter(|r| r["verdict"]["kind"] == "dropped" && r["verdict"]["reason"] == "unknown_failure")
+        .count();
+    assert!(dropped > 0, "some samples failed: {records:?}");
+    assert!(
+        !summary.rejected_groups.keys().any(|k| k.starts_with("sample_")),
+        "no group fails for one sample: {:?}",
+        summary.rejected_groups
+    );
+    let metrics = &jsonl(&summary.metrics_dir.join("metrics.jsonl"))[0];
+    assert!(
+        metrics["rollout/sample_level_rejection"].as_f64().unwrap() > 0.0,
+        "{metrics}"
+    );
+    for launch in sim.requests_to(arena_sim::Endpoint::LaunchOneTask) {
+        let body = launch.body.expect("a body");
+        assert_eq!(body["envs"]["DSH_LLM_REQUEST_TIMEOUT_SECONDS"], "7200", "{body}");
+    }
+
+    // Every sample of a group must be usable now: groups that lost one are rejected as too small, and an
+    // explicit harness timeout wins.
+    let root = tempfile::tempdir().expect("tempdir");
+    let before = sim.requests_to(arena_sim::Endpoint::LaunchOneTask).len();
+    let mut strict = common.to_vec();
+    strict.extend([
+        "gconfig.min_usable_group_size=4",
+        "econfig.arena_task_envs={DSH_LLM_REQUEST_TIMEOUT_SECONDS: '60'}",
+    ]);
+    let summary = rollout(&sim, root.path(), &strict).await;
+    let rejected = summary
+        .rejected_groups
+        .get("too_few_usable")
+        .copied()
+        .unwrap_or(0);
+    let records = jsonl(&summary.run_dir.join("rollouts.jsonl"));
+    let groups_with_a_drop: std::collections::BTreeSet<_> = records
+        .iter()
+        .filter(|r| r["verdict"]["kind"] == "dropped")
+        .map(|r| r["data_id"].clone().to_string())
+        .collect();
+    assert!(
+        rejected > 0 && rejected as usize == groups_with_a_drop.len(),
+        "{:?}",
+        summary.rejected_groups
+    );
+    for launch in &sim.requests_to(arena_sim::Endpoint::LaunchOneTask)[before..] {
+        let body = launch.body.clone().expect("a body");
+        assert_eq!(body["envs"]["DSH_LLM_REQUEST_TIMEOUT_SECONDS"], "60", "{body}");
+    }
+}

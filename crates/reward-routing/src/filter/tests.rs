@@ -49,6 +49,8 @@ fn the_filter_judges_original_rewards_not_normalised_ones() {
     let normalise = GroupSettings {
         drop_incomplete_group: false,
         reward_normalization: true,
+        mean_only: false,
+        min_usable_group_size: 0,
     };
     let filter = DynamicFilter::new();
 

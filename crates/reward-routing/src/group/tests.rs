@@ -8,6 +8,8 @@ use super::*;
 const NORMALISE: GroupSettings = GroupSettings {
     drop_incomplete_group: false,
     reward_normalization: true,
+    mean_only: false,
+    min_usable_group_size: 0,
 };
 
 fn rewards(values: &[f64]) -> Vec<SampleResult> {
@@ -72,6 +74,8 @@ fn dropped_samples_are_left_out_or_reject_an_incomplete_group() {
     let strict = GroupSettings {
         drop_incomplete_group: true,
         reward_normalization: false,
+        mean_only: false,
+        min_usable_group_size: 0,
     };
     assert_eq!(
         assemble_group(&samples, &strict),
@@ -148,6 +152,62 @@ proptest! {
             Err(rejection) => {
                 prop_assert_eq!(rejection, GroupRejection::AllDropped);
                 prop_assert!(values.iter().all(Option::is_none));
+            }
+        }
+    }
+}
+
+/// `arena-2026.md` 2.9: mean-only groups subtract the mean and never divide ({0.5275, 1.0} -> each minus
+/// 0.76375); constant non-binary rewards centre to 0.
+#[test]
+fn mean_only_groups_subtract_the_mean_alone() {
+    let mean_only = GroupSettings {
+        mean_only: true,
+        ..NORMALISE
+    };
+    let group = assemble_group(
+        &[SampleResult::Reward(0.5275), SampleResult::Reward(1.0)],
+        &mean_only,
+    )
+    .expect("a group");
+    let rewards: Vec<f64> = group.samples().iter().map(|s| s.reward).collect();
+    assert!((rewards[0] - (0.5275 - 0.76375)).abs() < 1e-12, "{rewards:?}");
+    assert!((rewards[1] - (1.0 - 0.76375)).abs() < 1e-12, "{rewards:?}");
+    assert_eq!(group.samples()[0].original_reward, 0.5275);
+    let flat = assemble_group(
+        &[SampleResult::Reward(0.1), SampleResult::Reward(0.1)],
+        &mean_only,
+    )
+    .expect("a group");
+    assert!(flat.samples().iter().all(|s| s.reward.abs() < 1e-15));
+    // With the std the same pair is z-scored instead.
+    let z = assemble_group(
+        &[SampleResult::Reward(0.5275), SampleResult::Reward(1.0)],
+        &NORMALISE,
+    )
+    .expect("a group");
+    assert!((z.samples()[0].reward + 1.0).abs() < 1e-6);
+}
+
+/// `arena-2026.md` 2.7 and 2.9: dropped samples leave a group usable down to `min_usable_group_size`.
+#[test]
+fn a_group_needs_its_minimum_of_usable_samples() {
+    let samples = [
+        SampleResult::Reward(1.0),
+        SampleResult::Dropped,
+        SampleResult::Reward(0.0),
+    ];
+    for (min, usable) in [(0, true), (1, true), (2, true), (3, false)] {
+        let settings = GroupSettings {
+            min_usable_group_size: min,
+            ..NORMALISE
+        };
+        match assemble_group(&samples, &settings) {
+            Ok(group) => assert!(usable && group.len() == 2, "min {min}"),
+            Err(e) => {
+                assert!(!usable, "min {min}: {e}");
+                assert_eq!(e, GroupRejection::TooFewUsable { kept: 2, min: 3 });
+                assert_eq!(e.kind(), "too_few_usable");
             }
         }
     }

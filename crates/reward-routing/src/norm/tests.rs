@@ -242,6 +242,8 @@ fn rollout_normalised_groups_keep_raw_rewards_through_the_pipeline() {
     let settings = GroupSettings {
         drop_incomplete_group: true,
         reward_normalization: true,
+        mean_only: false,
+        min_usable_group_size: 0,
     };
     let normalised =
         assemble_group(&[SampleResult::Reward(1.0), SampleResult::Reward(0.0)], &settings).expect("group");

@@ -911,3 +911,64 @@ fn the_strict_policy_says_why_a_receipt_failed() {
     );
     assert_eq!(value(&routed.metrics, "rollout/receipt_valid"), None);
 }
+
+/// `arena-2026.md` 2.7: with sample-level rejection a grader failure or an unattributed terminal harness
+/// failure drops only its sample in training; a proxy system error, another reason, or evaluation still
+/// fails the group.
+#[test]
+fn sample_level_rejection_drops_only_terminal_task_failures_in_training() {
+    let on = rule(None, "").with_sample_level_rejection(true);
+    let failed = |status: &str| Outcome::Task(task(status, None, json!({})));
+    for (ep, sample_only) in [
+        (episode(failed("EVAL_FAILED")), true),
+        (episode(failed("HARNESS_FAILED")), true),
+        (episode(failed("TIMEOUT")), false), // TIMEOUT with interactions is merged main's zero reward
+        (
+            Episode {
+                interaction_count: 0,
+                ..episode(failed("TIMEOUT"))
+            },
+            true,
+        ),
+        (
+            Episode {
+                interaction_count: 0,
+                ..episode(failed("NO_OUTPUT"))
+            },
+            true,
+        ),
+        (episode(failed("SETUP_FAILED")), false),
+        (
+            Episode {
+                proxy_system_error: true,
+                ..episode(failed("EVAL_FAILED"))
+            },
+            false,
+        ),
+        (
+            Episode {
+                scope: Scope::EvalRollout,
+                ..episode(failed("EVAL_FAILED"))
+            },
+            false,
+        ),
+    ] {
+        let routed = route_outcome(&ep, &on);
+        let what = format!("{:?} {:?}", ep.outcome, ep.scope);
+        let flag = ep.scope.as_str().to_string() + "/sample_level_rejection";
+        assert_eq!(
+            value(&routed.metrics, &flag),
+            Some(f64::from(u8::from(sample_only))),
+            "{what}"
+        );
+        match routed.sample_result(true) {
+            SampleResult::Dropped => assert!(sample_only, "{what}"),
+            SampleResult::Rejected(_) => assert!(!sample_only, "{what}"),
+            SampleResult::Reward(_) => assert!(!sample_only && routed.decision.reward().is_some(), "{what}"),
+        }
+    }
+    // Off (the default) the same grader failure fails the group.
+    let routed = route_outcome(&episode(failed("EVAL_FAILED")), &rule(None, ""));
+    assert!(matches!(routed.sample_result(true), SampleResult::Rejected(_)));
+    assert_eq!(value(&routed.metrics, "rollout/sample_level_rejection"), None);
+}

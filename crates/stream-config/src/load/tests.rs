@@ -284,7 +284,7 @@ fn syntax_and_type_errors_name_file_line_and_key_path() {
     insta::assert_snapshot!(err("syntax.yaml"), @"<dir>/syntax.yaml:3:6: unclosed bracket '[' at line 3, column 6 (near key econtig.a)");
     insta::assert_snapshot!(err("type.yaml"), @r#"<dir>/type.yaml:4:3: econfig.arena_request_retries: invalid type: found string "many", expected u32"#);
     insta::assert_snapshot!(err("nested.yaml"), @"<dir>/nested.yaml:7:3: econfig.arena_llm_route_mode: unknown variant: found `tunnel`, expected `one of `gateway`, `session_gateway`, `direct``");
-    insta::assert_snapshot!(err("unknown.yaml"), @"<dir>/unknown.yaml:5:3: gconfig.topp: unknown field: found `topp`, expected `one of `n_samples`, `max_new_tokens`, `temperature`, `top_p`, `top_k`, `harness_sampling`, `reward_normalization`, `drop_incomplete_group``");
+    insta::assert_snapshot!(err("unknown.yaml"), @"<dir>/unknown.yaml:5:3: gconfig.topp: unknown field: found `topp`, expected `one of `n_samples`, `max_new_tokens`, `temperature`, `top_p`, `top_k`, `harness_sampling`, `reward_normalization`, `drop_incomplete_group`, `reward_normalization_use_std`, `min_usable_group_size`, `reject_terminal_task_failures``");
     insta::assert_snapshot!(err("list.yaml"), @"<dir>/list.yaml: a run config must be a mapping, got a list");
     let secret = err("secret.yaml");
     assert!(!secret.contains("sk-very-secret"), "{secret}");

@@ -97,6 +97,47 @@ fn normalising_rewards_twice_is_a_config_error() {
     assert!(problems[0].message.contains("normalise rewards twice"));
 }
 
+/// `arena-2026.md` 2.9: mean-only needs rollout normalisation; the usable minimum lies in 1..=n_samples.
+#[test]
+fn mean_only_and_usable_group_settings_are_checked() {
+    let base = || RunConfig {
+        experiment_name: "e".into(),
+        trial_name: "t".into(),
+        ..RunConfig::default()
+    };
+    let mut config = base();
+    config.gconfig.reward_normalization_use_std = false;
+    let problems: Vec<String> = config
+        .problems(&Env::default())
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("gconfig.reward_normalization_use_std"),
+        "{problems:?}"
+    );
+    config.gconfig.reward_normalization = true;
+    assert!(config.problems(&Env::default()).is_empty());
+    for (n, min, ok) in [(4, 4, true), (4, 1, true), (4, 0, false), (4, 5, false)] {
+        let mut config = base();
+        config.gconfig.n_samples = n;
+        config.gconfig.min_usable_group_size = min;
+        let problems: Vec<String> = config
+            .problems(&Env::default())
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(problems.is_empty(), ok, "{n} {min}: {problems:?}");
+        if !ok {
+            assert!(
+                problems[0].contains("gconfig.min_usable_group_size"),
+                "{problems:?}"
+            );
+        }
+    }
+}
+
 fn loop_problems(overrides: &[&str]) -> Vec<String> {
     let mut all = vec!["experiment_name=e".to_string(), "trial_name=t".to_string()];
     all.extend(overrides.iter().map(|o| (*o).to_string()));
