@@ -187,13 +187,57 @@ class Engine:
         # In the checkpoint's own dtype: each layer becomes f32 only as it is sharded (`_shard`), so a rank
         # holds the whole model once, in the checkpoint's dtype, and then only its shard in f32.
         lm = AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation=ATTN)
+        self._checkpointing(lm, activation_checkpointing)
+        return lm
+
+    def _build(self, path, ac, param_dtype, chunk):
+        """The sharded policy of the model folder `path`: each rank loads the whole model
+        (ARENA_RL_TRAINER_LOAD=each, the default), or only rank 0 reads the weights and broadcasts them into the
+        others' shards, which build the model on the meta device (ARENA_RL_TRAINER_LOAD=rank0: one copy of the
+        weights in host memory per node's rank 0 rather than per rank)."""
+        mode = os.environ.get("ARENA_RL_TRAINER_LOAD", "each")
+        if mode not in ("each", "rank0"):
+            raise WorkerError("config", f"ARENA_RL_TRAINER_LOAD must be each or rank0, got {mode!r}")
+        if mode == "each":
+            lm = self._load_lm(path, ac)
+            return lm, self._shard(Policy(lm, chunk), param_dtype)
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        register()
+        cfg = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=ATTN)
+        self._checkpointing(lm, ac)
+        policy = self._shard(Policy(lm, chunk), param_dtype)
+        policy.to_empty(device=self.device)
+        # Buffers that are not in the checkpoint (the rotary frequencies) are computed again on the device.
+        rotary = lm.model.rotary_emb
+        with torch.device(self.device):
+            lm.model.rotary_emb = type(rotary)(config=lm.config)
+        full = {}
+        if self.rank == 0:
+            files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+            for f in files:
+                for k, v in load_file(os.path.join(path, f)).items():
+                    full["lm." + k] = v.float()
+            if getattr(cfg, "tie_word_embeddings", False) and "lm.lm_head.weight" not in full:
+                full["lm.lm_head.weight"] = full["lm.model.embed_tokens.weight"]
+            missing = set(policy.state_dict()) - set(full)
+            if missing:
+                raise WorkerError("config", f"{path} lacks weights {sorted(missing)[:5]}")
+        set_model_state_dict(policy, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full
+        return lm, policy
+
+    def _checkpointing(self, lm, activation_checkpointing):
         if activation_checkpointing:
             # transformers >= 5.2x renamed it; 5.17 has only the old name
             if hasattr(lm, "activation_checkpointing_enable"):
                 lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return lm
 
     def _shard(self, policy, param_dtype):
         from torch.distributed.device_mesh import init_device_mesh
@@ -253,17 +297,15 @@ class Engine:
                 torch.cuda.empty_cache()
         if progress:
             progress("load", 0, 2)
-        lm = self._load_lm(path, ac)
+        lm, policy = self._build(path, ac, DTYPES[param_dtype], chunk)
         lm.train()
-        policy = self._shard(Policy(lm, chunk), DTYPES[param_dtype])
         reference = None
         if train.ppo.kl_ctl > 0:
             if progress:
                 progress("reference", 1, 2)
-            ref_lm = self._load_lm(path, False)
-            ref_lm.requires_grad_(False)
+            ref_lm, reference = self._build(path, False, DTYPES[param_dtype], chunk)
+            reference.requires_grad_(False)
             ref_lm.eval()
-            reference = self._shard(Policy(ref_lm, chunk), DTYPES[param_dtype])
         a = train.adamw
         optimizer = torch.optim.AdamW(
             policy.parameters(),
