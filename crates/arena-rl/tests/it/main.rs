@@ -4,6 +4,7 @@ mod config;
 mod dispositions;
 mod errors;
 mod eval;
+mod fsdp2;
 mod grpo;
 mod guard;
 mod integrity;

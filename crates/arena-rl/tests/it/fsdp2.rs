@@ -1,0 +1,462 @@
+//! The FSDP2 trainer against the burn trainer on the CPU (issue 29 point 4): the real worker under
+//! `torchrun --standalone` (gloo), driven through `fsdp2-trainer`'s client, and `trainer::Trainer` in this
+//! process, on the same tiny random model (made by transformers at test time) and the same seeded batches.
+//!
+//! The batch file is built by `Fsdp2Engine::grpo_batch`, the engine's own conversion (advantages and
+//! aggregation weights from `trainer`'s functions). Statistics must agree within
+//! `|a-b| <= 1e-5 max(|a|,|b|) + 1e-7` (all but `seconds` and the micro-batch count), and weights after the
+//! steps within 1e-4 relative L2 per tensor (the published f32 folder against `Trainer::weights`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use arena_rl::train::Fsdp2Engine;
+use fsdp2_trainer::protocol::{Dtype, InitRequest};
+use fsdp2_trainer::{Batch, ErrorKind, LaunchConfig, Sequence, StepKind, Worker};
+use secrecy::SecretString;
+use trainer::{
+    AdvNorm, NormLevel, RlBatch, SftBatch, SftSequence, StepStats, TrainConfig, TrainSequence, Trainer,
+    TrainerOptions, Weights,
+};
+
+fn python() -> String {
+    std::env::var("ARENA_RL_PY_TORCH").unwrap_or_else(|_| {
+        panic!("ARENA_RL_PY_TORCH is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first")
+    })
+}
+
+/// The worker's package folder (`ARENA_RL_FSDP2_WORKER` overrides it).
+fn worker_dir() -> PathBuf {
+    std::env::var_os("ARENA_RL_FSDP2_WORKER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../fsdp2-trainer/worker"))
+}
+
+fn worker_env() -> Vec<(String, String)> {
+    vec![
+        ("PYTHONPATH".into(), worker_dir().display().to_string()),
+        ("ARENA_RL_TRAINER_DEVICE".into(), "cpu".into()),
+        ("OMP_NUM_THREADS".into(), "1".into()),
+    ]
+}
+
+/// A tiny random `arch` model saved by transformers into `dir`.
+fn make_model(arch: &str, dir: &Path) {
+    let tie = if arch == "qwen3" { "True" } else { "False" };
+    let code = format!(
+        "from arena_rl_fsdp2.testing import make_model; make_model({arch:?}, {:?}, seed=1, tie_word_embeddings={tie})",
+        dir.display().to_string()
+    );
+    let out = Command::new(python())
+        .args(["-c", &code])
+        .envs(worker_env())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "make_model failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn launch(run_dir: &Path, nproc: u32) -> Worker {
+    let mut config = LaunchConfig::python(python(), nproc, run_dir);
+    config.env = worker_env();
+    config.ready_timeout = Duration::from_secs(120);
+    Worker::launch(&config, SecretString::from("parity-test-key")).expect("the worker starts")
+}
+
+fn init(worker: &mut Worker, model: &Path, config: &TrainConfig) {
+    let request = InitRequest {
+        protocol: fsdp2_trainer::PROTOCOL,
+        model_path: model.to_path_buf(),
+        train: serde_json::to_value(config).unwrap(),
+        total_steps: config.schedule.total_steps,
+        param_dtype: Dtype::F32,
+        reduce_dtype: Dtype::F32,
+        activation_checkpointing: false,
+        logprob_chunk_tokens: 16,
+        seed: 1,
+    };
+    worker.init(&request).expect("init");
+}
+
+/// A small deterministic generator for the batches.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() % 1_000_000) as f32 / 1_000_000.0
+    }
+}
+
+/// Step `step`'s batch: groups of 3, 2 and 3 sequences of 6 to 90 tokens (past one micro-batch of 64),
+/// prompts, a tool turn inside each trajectory, temperatures 0, 0.7 and 1, truncated tokens, versions one
+/// and two behind, and behaviour log-probabilities far below the policy's on some tokens (they trip the
+/// behaviour-weight cap).
+fn rl_batch(step: u64, vocab: u64) -> RlBatch {
+    let mut rng = Lcg(1000 + step);
+    let lengths = [6usize, 17, 90, 9, 33, 50, 12, 71];
+    let sequences = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let prompt = 3.min(n - 1);
+            let loss_mask: Vec<bool> = (0..n)
+                .map(|t| t >= prompt && !(n > 12 && (t == prompt + 4 || t == prompt + 5)))
+                .collect();
+            TrainSequence {
+                tokens: (0..n).map(|_| (rng.next() % vocab) as u32).collect(),
+                logprobs: (0..n)
+                    .map(|t| {
+                        if t % 7 == 3 {
+                            -12.0 - rng.unit()
+                        } else {
+                            -5.6 + rng.unit()
+                        }
+                    })
+                    .collect(),
+                versions: loss_mask
+                    .iter()
+                    .map(|&m| if m { step as i64 - (i as i64 % 3) } else { -1 })
+                    .collect(),
+                advantage: if i % 2 == 0 {
+                    0.5 + 0.1 * i as f32
+                } else {
+                    -0.7 - 0.05 * i as f32
+                },
+                truncated: (0..n).map(|t| t % 5 == 1).collect(),
+                temperatures: (0..n).map(|t| [0.0, 0.7, 1.0][(i + t) % 3]).collect(),
+                loss_mask,
+            }
+        })
+        .collect();
+    RlBatch {
+        sequences,
+        group_sizes: vec![3, 2, 3],
+        policy_version: step + 2,
+    }
+}
+
+fn sft_batch(vocab: u64) -> SftBatch {
+    let mut rng = Lcg(77);
+    SftBatch {
+        sequences: [7usize, 30, 80]
+            .iter()
+            .map(|&n| SftSequence {
+                tokens: (0..n).map(|_| (rng.next() % vocab) as u32).collect(),
+                loss_mask: (0..n).map(|t| t >= n / 3).collect(),
+            })
+            .collect(),
+    }
+}
+
+/// The SFT batch file: `trainer`'s token-mean weights over each sequence's trained tokens.
+fn sft_file(batch: &SftBatch, config: &TrainConfig, step: u64) -> Batch {
+    let counts: Vec<usize> = batch
+        .sequences
+        .iter()
+        .map(|s| s.loss_mask.iter().filter(|&&m| m).count())
+        .collect();
+    let weights = trainer::token_weights(&counts, config.aggregation);
+    Batch {
+        kind: StepKind::Sft,
+        step,
+        policy_version: step,
+        sequences: batch
+            .sequences
+            .iter()
+            .zip(weights)
+            .map(|(s, w)| Sequence::sft(s.tokens.clone(), s.loss_mask.clone(), w))
+            .collect(),
+        group_sizes: vec![batch.sequences.len() as u64],
+    }
+}
+
+fn base_config() -> TrainConfig {
+    let mut c = TrainConfig {
+        max_tokens_per_mb: 64,
+        ..TrainConfig::default()
+    };
+    c.schedule.lr = 1e-2;
+    c.schedule.total_steps = 10;
+    c.ppo.use_decoupled_loss = true;
+    c.ppo.behav_imp_weight_cap = Some(5.0);
+    c.ppo.adv_norm = Some(AdvNorm {
+        mean_level: Some(NormLevel::Group),
+        std_level: Some(NormLevel::Batch),
+        ..AdvNorm::default()
+    });
+    c
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-7
+}
+
+/// Every field but `seconds` and `micro_batches`; the mismatches, named.
+fn stats_diff(burn: &StepStats, fsdp2: &StepStats) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut num = |name: &str, a: f64, b: f64| {
+        if !close(a, b) {
+            out.push(format!("{name}: burn {a} fsdp2 {b}"));
+        }
+    };
+    num("loss", burn.loss, fsdp2.loss);
+    num("lr", burn.lr, fsdp2.lr);
+    num("grad_norm", burn.grad_norm, fsdp2.grad_norm);
+    num("sequences", burn.sequences as f64, fsdp2.sequences as f64);
+    num("tokens", burn.tokens as f64, fsdp2.tokens as f64);
+    num(
+        "forward_tokens",
+        burn.forward_tokens as f64,
+        fsdp2.forward_tokens as f64,
+    );
+    num("entropy", burn.entropy, fsdp2.entropy);
+    num("clip_fraction", burn.clip_fraction, fsdp2.clip_fraction);
+    num(
+        "dual_clip_fraction",
+        burn.dual_clip_fraction,
+        fsdp2.dual_clip_fraction,
+    );
+    num("approx_kl", burn.approx_kl, fsdp2.approx_kl);
+    num(
+        "behave_dropped_fraction",
+        burn.behave_dropped_fraction,
+        fsdp2.behave_dropped_fraction,
+    );
+    num("step", burn.step as f64, fsdp2.step as f64);
+    match (burn.ref_kl, fsdp2.ref_kl) {
+        (Some(a), Some(b)) => num("ref_kl", a, b),
+        (None, None) => {}
+        (a, b) => out.push(format!("ref_kl: burn {a:?} fsdp2 {b:?}")),
+    }
+    let ranges = [
+        (
+            "importance_weight",
+            burn.importance_weight,
+            fsdp2.importance_weight,
+        ),
+        (
+            "behave_imp_weight",
+            burn.behave_imp_weight,
+            fsdp2.behave_imp_weight,
+        ),
+        ("advantage", burn.advantage, fsdp2.advantage),
+        ("staleness", burn.staleness, fsdp2.staleness),
+        (
+            "behave_logprob_drift",
+            burn.behave_logprob_drift,
+            fsdp2.behave_logprob_drift,
+        ),
+        (
+            "behave_logprob_drift_truncated",
+            burn.behave_logprob_drift_truncated,
+            fsdp2.behave_logprob_drift_truncated,
+        ),
+    ];
+    for (name, a, b) in ranges {
+        match (a, b) {
+            (Some(a), Some(b)) => {
+                // A drift is |behaviour - proximal| of tokens sampled under this version: near 0 when they
+                // agree, so it gets an absolute tolerance of the log-probabilities' own rounding.
+                let tol = |x: f64, y: f64| close(x, y) || (name.contains("drift") && (x - y).abs() < 1e-5);
+                if !(tol(a.min, b.min) && tol(a.mean, b.mean) && tol(a.max, b.max)) {
+                    out.push(format!("{name}: burn {a:?} fsdp2 {b:?}"));
+                }
+            }
+            (None, None) => {}
+            (a, b) => out.push(format!("{name}: burn {a:?} fsdp2 {b:?}")),
+        }
+    }
+    out
+}
+
+/// The largest relative L2 difference over the tensors of `published` (a folder) against `burn`.
+fn weights_diff(burn: &Weights, published: &Path) -> (f64, String) {
+    let theirs = Weights::load_dir(published).expect("the published folder loads");
+    assert!(theirs.len() > 0);
+    let mut worst = (0.0f64, String::new());
+    for name in theirs.names() {
+        let a = burn.get(name).unwrap_or_else(|| panic!("burn has no {name}"));
+        let b = theirs.get(name).expect("listed");
+        assert_eq!(a.shape, b.shape, "{name}");
+        let (mut d, mut n) = (0.0f64, 0.0f64);
+        for (x, y) in a.data.iter().zip(&b.data) {
+            d += f64::from(x - y).powi(2);
+            n += f64::from(*x).powi(2);
+        }
+        let rel = d.sqrt() / n.sqrt().max(1e-30);
+        if rel > worst.0 {
+            worst = (rel, name.to_string());
+        }
+    }
+    worst
+}
+
+fn vocab(model: &Path) -> u64 {
+    let c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(model.join("config.json")).unwrap()).unwrap();
+    c["vocab_size"].as_u64().unwrap()
+}
+
+/// Three GRPO steps and one SFT step on both trainers; statistics at every step and weights at the end.
+fn parity(arch: &str) {
+    let started = Instant::now();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    make_model(arch, &model);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let run = run.canonicalize().unwrap();
+    let config = base_config();
+    let vocab = vocab(&model);
+    let mut worker = launch(&run, 1);
+    init(&mut worker, &model, &config);
+    let mut burn = Trainer::load(&model, config.clone(), TrainerOptions::default()).expect("burn loads");
+    let mut problems = Vec::new();
+    for step in 0..3u64 {
+        let rl = rl_batch(step, vocab);
+        let ours = burn.grpo_step(&rl).expect("burn step");
+        let file = Fsdp2Engine::grpo_batch(&config, &rl, step).unwrap();
+        let theirs = worker
+            .step(
+                &file,
+                &run.join(format!("trainer/batches/step-{step}.safetensors")),
+            )
+            .expect("fsdp2 step");
+        let theirs = arena_rl::train::step_stats(theirs.step, &theirs.stats);
+        eprintln!("{arch} step {step}: burn {ours:?}\n  fsdp2 {theirs:?}");
+        problems.extend(
+            stats_diff(&ours, &theirs)
+                .into_iter()
+                .map(|p| format!("grpo step {step}: {p}")),
+        );
+    }
+    let sft = sft_batch(vocab);
+    let ours = burn.sft_step(&sft).expect("burn sft");
+    let theirs = worker
+        .step(
+            &sft_file(&sft, &config, 3),
+            &run.join("trainer/batches/step-3.safetensors"),
+        )
+        .expect("fsdp2 sft");
+    let theirs = arena_rl::train::step_stats(theirs.step, &theirs.stats);
+    problems.extend(
+        stats_diff(&ours, &theirs)
+            .into_iter()
+            .map(|p| format!("sft step 3: {p}")),
+    );
+    let published = worker
+        .publish(&run.join("weights/step-4"), Dtype::F32)
+        .expect("publish");
+    let (worst, name) = weights_diff(&burn.weights(), &published.path);
+    eprintln!(
+        "{arch}: weights after 4 steps differ by at most {worst:e} relative L2 ({name}); {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        problems.is_empty(),
+        "{arch}: statistics differ:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        worst <= 1e-4,
+        "{arch}: weights differ by {worst:e} relative L2 at {name}"
+    );
+}
+
+#[test]
+fn fsdp2_matches_burn_on_llama() {
+    parity("llama");
+}
+
+#[test]
+fn fsdp2_matches_burn_on_qwen2() {
+    parity("qwen2");
+}
+
+#[test]
+fn fsdp2_matches_burn_on_qwen3() {
+    parity("qwen3");
+}
+
+#[test]
+fn a_rank_killed_mid_step_stops_the_step_with_rank_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    make_model("llama", &model);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let run = run.canonicalize().unwrap();
+    let config = base_config();
+    let mut worker = launch(&run, 2);
+    init(&mut worker, &model, &config);
+    // A batch long enough that the step is still running when the rank dies.
+    let vocab = vocab(&model);
+    let mut rl = rl_batch(0, vocab);
+    for _ in 0..5 {
+        let more = rl_batch(0, vocab);
+        rl.sequences.extend(more.sequences);
+        rl.group_sizes.extend(more.group_sizes);
+    }
+    let file = Fsdp2Engine::grpo_batch(&config, &rl, 0).unwrap();
+    let path = run.join("trainer/batches/step-0.safetensors");
+    let sha256 = file.write(&path).unwrap();
+    let rank1 = rank_pid(worker.pid(), 1);
+    let started = Instant::now();
+    let (client, watch) = worker.parts();
+    let request = fsdp2_trainer::protocol::StepRequest {
+        protocol: fsdp2_trainer::PROTOCOL,
+        step: 0,
+        kind: StepKind::Grpo,
+        batch: path.clone(),
+        sha256,
+        dump_gradients: None,
+    };
+    let op = client.start("step", &request).expect("the step starts");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(rank1).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .expect("rank 1 is killed");
+    let err = client
+        .wait::<fsdp2_trainer::protocol::StepResult>("step", &op, Some(0), watch)
+        .expect_err("the step cannot finish without rank 1");
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("after {seconds:.1} s: {err}");
+    assert_eq!(err.kind(), Some(ErrorKind::RankLost), "{err}");
+    assert!(err.to_string().contains("step 0"), "{err}");
+    assert!(seconds < 60.0, "the error took {seconds} s");
+}
+
+/// The process id of rank `rank` among torchrun's children.
+fn rank_pid(torchrun: u32, rank: u32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{torchrun}/task/{torchrun}/children")).unwrap_or_default();
+        for pid in children.split_whitespace() {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            if environ
+                .split(|&b| b == 0)
+                .any(|v| v == format!("RANK={rank}").as_bytes())
+            {
+                return pid.parse().unwrap();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rank {rank} under torchrun {torchrun}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
