@@ -42,8 +42,9 @@ impl Watch for Attached {
 
 /// The longest wait between two polls of an operation.
 const MAX_POLL: Duration = Duration::from_millis(100);
-/// Transport failures in a row that end a poll loop.
-const TRANSPORT_RETRIES: u32 = 5;
+/// How long polls may fail in a row before a call ends with the transport error: long enough for torchrun
+/// to notice a lost rank, stop the others and exit, which the watch then reports as `rank_lost`.
+const TRANSPORT_GRACE: Duration = Duration::from_secs(30);
 
 /// A client of one worker's rank 0.
 pub struct Client {
@@ -173,12 +174,12 @@ impl Client {
         watch: &mut dyn Watch,
     ) -> Result<T> {
         let mut pause = Duration::from_millis(2);
-        let mut failures = 0;
+        let mut failing_since: Option<Instant> = None;
         loop {
             watch.alive(call, step)?;
             match self.op(id) {
                 Ok(op) => {
-                    failures = 0;
+                    failing_since = None;
                     match op.state {
                         OpState::Done => {
                             let result = op.result.unwrap_or(serde_json::Value::Null);
@@ -206,10 +207,11 @@ impl Client {
                 Err(e @ Error::Transport { .. }) => {
                     // A rank that died takes rank 0's server down with it: the watch says so first.
                     watch.alive(call, step)?;
-                    failures += 1;
-                    if failures >= TRANSPORT_RETRIES {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= TRANSPORT_GRACE {
                         return Err(e);
                     }
+                    std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(e) => return Err(e),
             }

@@ -16,8 +16,8 @@ use fsdp2_trainer::protocol::{Dtype, InitRequest};
 use fsdp2_trainer::{Batch, ErrorKind, LaunchConfig, Sequence, StepKind, Worker};
 use secrecy::SecretString;
 use trainer::{
-    AdvNorm, NormLevel, RlBatch, SftBatch, SftSequence, StepStats, TrainConfig, TrainSequence, Trainer,
-    TrainerOptions, Weights,
+    AdvNorm, KlEstimator, LossAggregation, NormLevel, RlBatch, SftBatch, SftSequence, StepStats, TrainConfig,
+    TrainSequence, Trainer, TrainerOptions, Weights,
 };
 
 fn python() -> String {
@@ -186,7 +186,9 @@ fn base_config() -> TrainConfig {
         max_tokens_per_mb: 64,
         ..TrainConfig::default()
     };
-    c.schedule.lr = 1e-2;
+    // AdamW turns rounding noise in near-zero gradients into steps of the learning rate's size, so the two
+    // trainers drift apart in proportion to it; 1e-3 keeps three steps within the tolerances.
+    c.schedule.lr = 1e-3;
     c.schedule.total_steps = 10;
     c.ppo.use_decoupled_loss = true;
     c.ppo.behav_imp_weight_cap = Some(5.0);
@@ -283,9 +285,14 @@ fn stats_diff(burn: &StepStats, fsdp2: &StepStats) -> Vec<String> {
 /// The largest relative L2 difference over the tensors of `published` (a folder) against `burn`.
 fn weights_diff(burn: &Weights, published: &Path) -> (f64, String) {
     let theirs = Weights::load_dir(published).expect("the published folder loads");
-    assert!(theirs.len() > 0);
+    assert!(!theirs.is_empty());
     let mut worst = (0.0f64, String::new());
     for name in theirs.names() {
+        // A key projection's bias has no gradient in exact arithmetic (softmax ignores a constant added to a
+        // query's scores), so AdamW's steps on it are rounding noise of either trainer.
+        if name.ends_with("k_proj.bias") {
+            continue;
+        }
         let a = burn.get(name).unwrap_or_else(|| panic!("burn has no {name}"));
         let b = theirs.get(name).expect("listed");
         assert_eq!(a.shape, b.shape, "{name}");
@@ -309,7 +316,7 @@ fn vocab(model: &Path) -> u64 {
 }
 
 /// Three GRPO steps and one SFT step on both trainers; statistics at every step and weights at the end.
-fn parity(arch: &str) {
+fn parity(arch: &str, config: TrainConfig, nproc: u32) {
     let started = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("model");
@@ -317,9 +324,8 @@ fn parity(arch: &str) {
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
     let run = run.canonicalize().unwrap();
-    let config = base_config();
     let vocab = vocab(&model);
-    let mut worker = launch(&run, 1);
+    let mut worker = launch(&run, nproc);
     init(&mut worker, &model, &config);
     let mut burn = Trainer::load(&model, config.clone(), TrainerOptions::default()).expect("burn loads");
     let mut problems = Vec::new();
@@ -360,7 +366,7 @@ fn parity(arch: &str) {
         .expect("publish");
     let (worst, name) = weights_diff(&burn.weights(), &published.path);
     eprintln!(
-        "{arch}: weights after 4 steps differ by at most {worst:e} relative L2 ({name}); {:.1} s",
+        "{arch} at world size {nproc}: weights after 4 steps differ by at most {worst:e} relative L2 ({name}); {:.1} s",
         started.elapsed().as_secs_f64()
     );
     assert!(
@@ -374,19 +380,104 @@ fn parity(arch: &str) {
     );
 }
 
+/// Llama: the decoupled objective with the behaviour-weight cap, group-mean and batch-std advantages,
+/// token-mean aggregation.
 #[test]
 fn fsdp2_matches_burn_on_llama() {
-    parity("llama");
+    parity("llama", base_config(), 1);
 }
 
+/// Qwen2 (biases): dual clip, clip-higher, the k3 KL penalty to a reference copy, an entropy bonus and
+/// sequence-mean aggregation.
 #[test]
 fn fsdp2_matches_burn_on_qwen2() {
-    parity("qwen2");
+    let mut c = base_config();
+    c.ppo.c_clip = Some(3.0);
+    c.ppo.eps_clip_higher = Some(0.28);
+    c.ppo.kl_ctl = 0.1;
+    c.ppo.kl_estimator = KlEstimator::K3;
+    c.ppo.entropy_coeff = 0.01;
+    c.aggregation = LossAggregation::SeqMeanTokenMean;
+    parity("qwen2", c, 1);
 }
 
+/// Qwen3 (tied embeddings, q/k norms): the plain PPO objective against the behaviour log-probabilities (no
+/// recompute), the k2 KL penalty and no advantage normalisation.
 #[test]
 fn fsdp2_matches_burn_on_qwen3() {
-    parity("qwen3");
+    let mut c = base_config();
+    c.ppo.use_decoupled_loss = false;
+    c.ppo.behav_imp_weight_cap = None;
+    c.ppo.kl_ctl = 0.05;
+    c.ppo.kl_estimator = KlEstimator::K2;
+    c.ppo.adv_norm = None;
+    parity("qwen3", c, 1);
+}
+
+/// World size 2 (two gloo ranks, each training its share of the micro-batches) against burn: the same
+/// statistics and weights as world size 1.
+#[test]
+fn fsdp2_at_world_size_2_matches_burn() {
+    parity("llama", base_config(), 2);
+}
+
+/// Saved at world size 2 after one step, resumed at world size 1: the next two steps and the weights match
+/// the run that was not interrupted within 1e-6 relative.
+#[test]
+fn a_checkpoint_saved_at_world_size_2_resumes_at_world_size_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    make_model("llama", &model);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let run = run.canonicalize().unwrap();
+    let config = base_config();
+    let vocab = vocab(&model);
+    let batch = |worker: &mut Worker, step: u64| {
+        let file = Fsdp2Engine::grpo_batch(&config, &rl_batch(step, vocab), step).unwrap();
+        let r = worker
+            .step(
+                &file,
+                &run.join(format!("trainer/batches/step-{step}.safetensors")),
+            )
+            .expect("step");
+        r.stats
+    };
+    let mut first = launch(&run, 2);
+    init(&mut first, &model, &config);
+    batch(&mut first, 0);
+    let checkpoint = run.join("checkpoints/step-1/trainer");
+    first.save(&checkpoint).expect("save at world size 2");
+    let straight: Vec<_> = (1..3).map(|s| batch(&mut first, s)).collect();
+    let straight_weights = first
+        .publish(&run.join("weights/straight"), Dtype::F32)
+        .unwrap()
+        .path;
+    drop(first);
+    let mut second = launch(&run, 1);
+    init(&mut second, &model, &config);
+    let loaded = second.load(&checkpoint).expect("load at world size 1");
+    assert_eq!(loaded.step, 1);
+    let resumed: Vec<_> = (1..3).map(|s| batch(&mut second, s)).collect();
+    let resumed_weights = second
+        .publish(&run.join("weights/resumed"), Dtype::F32)
+        .unwrap()
+        .path;
+    for (a, b) in straight.iter().zip(&resumed) {
+        for (name, x, y) in [
+            ("loss", a.loss, b.loss),
+            ("grad_norm", a.grad_norm, b.grad_norm),
+            ("entropy", a.entropy, b.entropy),
+        ] {
+            assert!(
+                (x - y).abs() <= 1e-6 * x.abs().max(y.abs()) + 1e-9,
+                "{name}: {x} against {y}"
+            );
+        }
+    }
+    let (worst, name) = weights_diff(&Weights::load_dir(&straight_weights).unwrap(), &resumed_weights);
+    eprintln!("resumed at world size 1: weights differ by {worst:e} ({name})");
+    assert!(worst <= 1e-6, "weights differ by {worst:e} at {name}");
 }
 
 #[test]
