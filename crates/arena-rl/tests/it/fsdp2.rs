@@ -551,3 +551,110 @@ fn rank_pid(torchrun: u32, rank: u32) -> i32 {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The loop's step ([`GrpoStep`]) over either engine, from one run config (`actor.backend`): the same three
+/// batches give the same `train/...` records and the same weights (the burn engine's in memory against the
+/// folder the FSDP2 engine publishes, which the policy loads from disk); its checkpoint saves and restores.
+#[test]
+fn the_loop_step_trains_alike_through_either_engine() {
+    use arena_rl::train::{GrpoStep, NewWeights, TrainBatch, TrainSample, TrainStep};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    make_model("llama", &model);
+    let vocab = vocab(&model);
+    let config = |backend: &str| {
+        crate::support::config(
+            "http://127.0.0.1:1",
+            tmp.path(),
+            &model,
+            &[
+                &format!("actor.backend={backend}"),
+                &format!("actor.fsdp2.python={}", python()),
+                "actor.max_tokens_per_mb=64",
+                "actor.lr=0.001",
+                "actor.use_decoupled_loss=true",
+                "actor.behav_imp_weight_cap=5.0",
+            ],
+        )
+    };
+    let (burn_config, fsdp2_config) = (config("burn"), config("fsdp2"));
+    let burn_dir = tmp.path().join("burn-run");
+    let fsdp2_dir = tmp.path().join("fsdp2-run");
+    let mut burn = GrpoStep::from_run_config(&burn_config, &burn_dir).unwrap();
+    let engine = Fsdp2Engine::from_run_config(&fsdp2_config, &fsdp2_dir, &stream_config::Env::default())
+        .unwrap()
+        .with_worker_env(worker_env());
+    let mut fsdp2 = GrpoStep::with_engine(
+        Box::new(engine),
+        fsdp2_config.gconfig.temperature.max(f64::MIN_POSITIVE),
+    );
+    burn.begin(3).unwrap();
+    fsdp2.begin(3).unwrap();
+    let batch = |step: u64| {
+        let rl = rl_batch(step, vocab);
+        TrainBatch {
+            samples: rl
+                .sequences
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| TrainSample {
+                    key: arena_rl::journal::SampleKey {
+                        eval: false,
+                        step,
+                        group: 0,
+                        sample: i as u32,
+                    },
+                    token_ids: s.tokens,
+                    loss_mask: s.loss_mask.iter().map(|&m| u8::from(m)).collect(),
+                    logprobs: s.logprobs,
+                    versions: s.versions,
+                    temperatures: s.temperatures,
+                    truncated: s.truncated.iter().map(|&t| u8::from(t)).collect(),
+                    advantage: f64::from(s.advantage),
+                    raw_reward: 0.0,
+                })
+                .collect(),
+            group_sizes: rl.group_sizes,
+            policy_version: rl.policy_version,
+        }
+    };
+    let mut last = None;
+    for step in 0..3 {
+        let b = batch(step);
+        let ours = burn.train(step, &b).unwrap();
+        let theirs = fsdp2.train(step, &b).unwrap();
+        let names = |m: &[(String, f64)]| m.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&ours.metrics),
+            names(&theirs.metrics),
+            "the same metric names"
+        );
+        for ((name, a), (_, b)) in ours.metrics.iter().zip(&theirs.metrics) {
+            if name != "train/seconds" && name != "train/micro_batches" {
+                let tol = close(*a, *b) || (name.contains("drift") && (a - b).abs() < 1e-5);
+                assert!(tol, "step {step} {name}: burn {a} fsdp2 {b}");
+            }
+        }
+        last = Some((ours.weights, theirs.weights));
+    }
+    let Some((NewWeights::InMemory(ours), NewWeights::OnDisk(folder))) = last else {
+        panic!("burn swaps weights in memory, fsdp2 publishes a folder");
+    };
+    assert!(
+        folder.starts_with(fsdp2_dir.canonicalize().unwrap().join("weights")),
+        "{}",
+        folder.display()
+    );
+    let (worst, name) = weights_diff(&ours, &folder);
+    eprintln!("loop step: weights after 3 steps differ by {worst:e} ({name})");
+    assert!(worst <= 1e-5, "{worst:e} at {name}");
+    // The checkpoint holds the worker's sharded state; loading it publishes the weights again.
+    let checkpoint = fsdp2_dir.join("checkpoints/step-3");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    fsdp2.save(&checkpoint).unwrap();
+    assert!(checkpoint.join("trainer/trainer.json").is_file());
+    match fsdp2.load(&checkpoint).unwrap() {
+        NewWeights::OnDisk(again) => assert_eq!(weights_diff(&ours, &again).0, worst),
+        other => panic!("{other:?}"),
+    }
+}
