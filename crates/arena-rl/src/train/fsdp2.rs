@@ -51,7 +51,8 @@ pub struct Fsdp2Engine {
     activation_checkpointing: bool,
     seed: u64,
     key: SecretString,
-    /// Extra environment for a launched worker (tests put the worker's package on `PYTHONPATH`).
+    /// Extra environment for a launched worker (`actor.device: cpu` keeps it off the GPUs; tests put the
+    /// worker's package on `PYTHONPATH`).
     env: Vec<(String, String)>,
     connection: Option<Connection>,
     /// Optimiser steps the worker has completed.
@@ -104,7 +105,11 @@ impl Fsdp2Engine {
             // anything it may add.
             seed: 1,
             key: fsdp2_trainer::api_key(given),
-            env: Vec::new(),
+            env: if config.actor.device == "cpu" {
+                vec![("ARENA_RL_TRAINER_DEVICE".to_string(), "cpu".to_string())]
+            } else {
+                Vec::new()
+            },
             connection: None,
             steps: 0,
             model: None,
@@ -113,7 +118,7 @@ impl Fsdp2Engine {
 
     /// Adds environment for a worker this engine starts.
     pub fn with_worker_env(mut self, env: Vec<(String, String)>) -> Self {
-        self.env = env;
+        self.env.extend(env);
         self
     }
 
