@@ -125,6 +125,14 @@ async fn eval_compares_two_checkpoints_on_a_manifest_k_times_each() {
     let base_passed = base.iter().filter(|l| l.passed == Some(true)).count() as u64;
     assert_eq!(base.len(), 12);
     assert!(base_passed < 12, "the baseline fails some: {base:?}");
+    // Evaluation leaves the harness's model timeout to the harness (arena-2026.md 2.13).
+    for launch in sim.requests_to(arena_sim::Endpoint::LaunchOneTask) {
+        let body = launch.body.expect("a launch body");
+        assert!(
+            body["envs"].get("DSH_LLM_REQUEST_TIMEOUT_SECONDS").is_none(),
+            "{body}"
+        );
+    }
     // Every manifest task was launched k times per checkpoint, the old version included.
     let launches = sim.counters().launches_by_data_id;
     for id in &tasks {
