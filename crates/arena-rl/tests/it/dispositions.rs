@@ -230,8 +230,8 @@ async fn unattributed_failures_drop_only_their_sample_down_to_the_usable_minimum
         assert_eq!(body["envs"]["DSH_LLM_REQUEST_TIMEOUT_SECONDS"], "7200", "{body}");
     }
 
-    // Every sample of a group must be usable now: groups that lost one are rejected as too small, and an
-    // explicit harness timeout wins.
+    // Every sample of a group must be usable now: groups that lost one are rejected (as too small, or with
+    // nothing left), and an explicit harness timeout wins. The seed fixes how many of the 12 task ids fail.
     let root = tempfile::tempdir().expect("tempdir");
     let before = sim.requests_to(arena_sim::Endpoint::LaunchOneTask).len();
     let mut strict = common.to_vec();
@@ -240,11 +240,9 @@ async fn unattributed_failures_drop_only_their_sample_down_to_the_usable_minimum
         "econfig.arena_task_envs={DSH_LLM_REQUEST_TIMEOUT_SECONDS: '60'}",
     ]);
     let summary = rollout(&sim, root.path(), &strict).await;
-    let rejected = summary
-        .rejected_groups
-        .get("too_few_usable")
-        .copied()
-        .unwrap_or(0);
+    // Which row a failing task belongs to depends on launch order, so a group may lose all four.
+    let count = |k: &str| summary.rejected_groups.get(k).copied().unwrap_or(0);
+    let rejected = count("too_few_usable") + count("all_dropped");
     let records = jsonl(&summary.run_dir.join("rollouts.jsonl"));
     let groups_with_a_drop: std::collections::BTreeSet<_> = records
         .iter()
@@ -252,7 +250,7 @@ async fn unattributed_failures_drop_only_their_sample_down_to_the_usable_minimum
         .map(|r| r["data_id"].clone().to_string())
         .collect();
     assert!(
-        rejected > 0 && rejected as usize == groups_with_a_drop.len(),
+        !groups_with_a_drop.is_empty() && rejected as usize == groups_with_a_drop.len(),
         "{:?}",
         summary.rejected_groups
     );
