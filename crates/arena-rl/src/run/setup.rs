@@ -297,8 +297,9 @@ fn refused_stream(e: &Error) -> Option<&arena_client::Error> {
     }
 }
 
-/// Resolves every configured stream; a stream Arena refuses is skipped, all refused is an error, and an
-/// Arena that does not answer is [`Error::ArenaUnreachable`].
+/// Resolves every configured stream. A stream Arena refuses stops the run, naming it and Arena's reason, unless
+/// `econfig.arena_skip_refused_streams` leaves it out (the new mixture weights are logged); all refused is
+/// [`Error::NoHealthyStream`], and an Arena that does not answer is [`Error::ArenaUnreachable`].
 async fn healthy_streams(client: &ArenaClient, config: &RunConfig, env: &Env) -> Result<Vec<ResolvedStream>> {
     let stream_configs = stream_config::load_stream_configs_with_env(&config.econfig, env)?;
     let transforms = TransformRegistry::with_builtins();
@@ -332,6 +333,31 @@ async fn healthy_streams(client: &ArenaClient, config: &RunConfig, env: &Env) ->
     }
     if healthy.is_empty() {
         return Err(Error::NoHealthyStream(unhealthy));
+    }
+    if !unhealthy.is_empty() {
+        if !config.econfig.arena_skip_refused_streams {
+            return Err(Error::Invalid(format!(
+                "Arena refused stream {}; fix it, or set econfig.arena_skip_refused_streams: true to train on the \
+                 others (the mixture changes)",
+                unhealthy.join(", stream ")
+            )));
+        }
+        let total: f64 = healthy.iter().map(|s| s.config.sampling_weight).sum();
+        let weights: Vec<String> = healthy
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}={:.3}",
+                    s.config.name,
+                    s.config.sampling_weight / total.max(f64::MIN_POSITIVE)
+                )
+            })
+            .collect();
+        tracing::warn!(
+            refused = %unhealthy.join(", "),
+            mixture = %weights.join(" "),
+            "econfig.arena_skip_refused_streams: training without the refused streams, at the new mixture weights"
+        );
     }
     Ok(healthy)
 }

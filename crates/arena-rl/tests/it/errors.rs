@@ -70,6 +70,43 @@ async fn every_stream_unhealthy() {
     );
 }
 
+/// Both quickstart Streams, so that one can be refused while the other is healthy.
+const TWO_STREAMS: &str = "econfig.arena_streams=[{name: sim-chat, stream_id: sim-chat, harness: chat-sim@1, llm_protocol: chat_completions, expected_reward_ref: {key: sim-grader, version: \"1\"}}, {name: sim-messages, stream_id: sim-messages, harness: claude-sim@1, llm_protocol: anthropic, expected_reward_ref: {key: sim-grader, version: \"1\"}}]";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_stops_the_run_unless_refused_streams_are_skipped() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    sim.set_stream_status("sim-messages", Some("PAUSED"));
+    let root = tempfile::tempdir().unwrap();
+    let (_, line) = failure(&sim.base_url(), root.path(), &[TWO_STREAMS]).await;
+    assert!(
+        line.contains("Arena refused stream sim-messages (stream sim-messages is PAUSED, not ACTIVE)")
+            && line.contains("econfig.arena_skip_refused_streams"),
+        "{line}"
+    );
+
+    // Asked to skip: the run trains on sim-chat alone.
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    let extra = [
+        TWO_STREAMS,
+        "econfig.arena_skip_refused_streams=true",
+        "actor.total_train_steps=1",
+    ];
+    let config = config(&sim.base_url(), root.path(), &model, &extra);
+    let summary = train(
+        config,
+        &env(),
+        Plugins {
+            engine: Some(OracleEngine::new(&model, 0).handle()),
+            step: Box::new(FrozenPolicy::default()),
+        },
+    )
+    .await
+    .expect("the run trains on the stream Arena accepted");
+    assert_eq!(summary.steps_trained, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_port_taken() {
     let sim = ArenaSim::start(sim_world()).await.unwrap();

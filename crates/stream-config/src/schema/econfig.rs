@@ -80,6 +80,10 @@ pub struct EConfig {
     /// so Arena answers with that task and the run collects it; without it those tasks are left running, named
     /// in one warning.
     pub arena_cancel_tasks: bool,
+    /// Whether a Stream Arena refuses at start (not ACTIVE, a drifted reward ref, an unpublished harness) is
+    /// left out and the run trains on the others, logging the new mixture weights. false (the default) stops
+    /// the run naming the Stream and Arena's reason, since leaving it out silently changes the mixture.
+    pub arena_skip_refused_streams: bool,
     /// Which rules decide what a failed task means for training: `merged_main` (the default, AReaL's main
     /// today), `strict_receipt` (AReaL #1750: only a valid native v1 receipt makes a failure the model's),
     /// `pr1547` (the rules of AReaL #1547, for an Arena that reports no outcome codes); see
@@ -130,6 +134,7 @@ impl Default for EConfig {
             arena_inbound_protos: vec!["chat".to_string()],
             arena_idempotent_launch: false,
             arena_cancel_tasks: false,
+            arena_skip_refused_streams: false,
             arena_failure_policy: FailurePolicy::MergedMain,
             arena_llm_protocol: String::new(),
             arena_harness: String::new(),
