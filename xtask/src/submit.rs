@@ -133,7 +133,23 @@ pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<stream_config::RunCo
     let mut overrides = render::profile_overrides(l);
     overrides.extend(l.overrides.iter().cloned());
     match stream_config::load_run_config(&l.config, &overrides, &config_env) {
-        Ok(config) => Ok(config),
+        Ok(config) => {
+            let e = &config.econfig;
+            let listed = !e.arena_streams.is_empty()
+                || !e.arena_streams_file.trim().is_empty()
+                || !e.arena_streams_yaml_b64.trim().is_empty();
+            if l.stream_id.is_some() && listed {
+                let mut problems = Problems::default();
+                problems.push(format!(
+                    "ARENA_STREAM_ID is set, but CONFIG_PATH {} lists its Streams (econfig.arena_streams, \
+                     arena_streams_file or DATASET_CONFIG), so it would have no effect: unset it, or use a \
+                     single-stream config (econfig.stream_id and econfig.arena_harness, no streams list)",
+                    l.config.display()
+                ));
+                return Err(problems);
+            }
+            Ok(config)
+        }
         Err(e) => {
             let mut problems = Problems::default();
             for p in e.problems() {

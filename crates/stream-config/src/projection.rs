@@ -1,8 +1,10 @@
 //! Projection of a run config's Streams into the `{streams: [...]}` document preflight reads (spec 2.6).
 //!
 //! Unlike the reference, `extends:` is resolved first, and `arena_streams_file` (or `arena_streams_yaml_b64`)
-//! is projected as well as inline `arena_streams`. Neither the environment nor overrides are applied, and
-//! any `${` inside the streams is rejected: preflight and training could resolve it differently.
+//! is projected as well as inline `arena_streams`. Neither the environment nor overrides are applied to a
+//! streams list, and any `${` inside it is rejected: preflight and training could resolve it differently. A
+//! single-stream config (`econfig.stream_id`, which `ARENA_STREAM_ID` sets) is loaded as training loads it,
+//! environment included, and projected as its one Stream.
 
 use std::path::Path;
 
@@ -91,10 +93,7 @@ pub fn project_streams(path: &Path, env: &Env) -> Result<Projection> {
             .items;
         (items, KeyPath::keys(["streams"]))
     } else {
-        return Err(Error::Invalid(format!(
-            "{}: nothing to project: set a non-empty econfig.arena_streams list or econfig.arena_streams_file",
-            path.display()
-        )));
+        return project_single_stream(path, env);
     };
     if items.is_empty() {
         return Err(Error::Invalid(format!(
@@ -110,6 +109,61 @@ pub fn project_streams(path: &Path, env: &Env) -> Result<Projection> {
     c.finish(())?;
 
     let entries: Vec<Value> = items.iter().map(|i| i.value.to_json()).collect();
+    let check = EConfig {
+        arena_streams: entries.clone(),
+        ..EConfig::default()
+    };
+    let (_, problems) = collect_streams(&check, env);
+    if !problems.is_empty() {
+        return Err(Error::Problems(Problems(problems)));
+    }
+    render(Value::Object(
+        [("streams".to_string(), Value::Array(entries))]
+            .into_iter()
+            .collect(),
+    ))
+}
+
+/// A single-stream config (no streams list; `econfig.stream_id`, which `ARENA_STREAM_ID` sets, with
+/// `econfig.arena_harness`): loaded with the environment, since the environment is how a single-stream run
+/// names its Stream, and projected as the one Stream `default` that training will run.
+fn project_single_stream(path: &Path, env: &Env) -> Result<Projection> {
+    let config = crate::load::load_run_config(path, &[], env)?;
+    let e = &config.econfig;
+    if e.stream_id.trim().is_empty() {
+        return Err(Error::Invalid(format!(
+            "{}: nothing to project: set a non-empty econfig.arena_streams list or econfig.arena_streams_file, \
+             or econfig.stream_id (ARENA_STREAM_ID) for a single stream",
+            path.display()
+        )));
+    }
+    let mut entry = serde_json::Map::new();
+    entry.insert("name".into(), Value::from("default"));
+    entry.insert("stream_id".into(), Value::from(e.stream_id.trim()));
+    if !e.arena_harness.trim().is_empty() {
+        entry.insert("harness".into(), Value::from(e.arena_harness.trim()));
+    }
+    if !e.arena_llm_protocol.trim().is_empty() {
+        entry.insert("llm_protocol".into(), Value::from(e.arena_llm_protocol.trim()));
+    }
+    if !e.arena_task_envs.is_empty() {
+        let envs = e
+            .arena_task_envs
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        entry.insert("task_envs".into(), Value::Object(envs));
+    }
+    if let Some(t) = e.arena_reward_threshold {
+        entry.insert("reward_threshold".into(), Value::from(t));
+    }
+    if !e.arena_reward_transform_fn.trim().is_empty() {
+        entry.insert(
+            "reward_transform_fn".into(),
+            Value::from(e.arena_reward_transform_fn.trim()),
+        );
+    }
+    let entries = vec![Value::Object(entry)];
     let check = EConfig {
         arena_streams: entries.clone(),
         ..EConfig::default()

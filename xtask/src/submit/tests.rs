@@ -762,6 +762,31 @@ fn profile_configs_load_with_the_profile_overrides() {
     }
 }
 
+/// `ARENA_STREAM_ID` names the Stream of a single-stream config; with a config that lists its Streams it
+/// would have no effect, so it is refused before anything is written.
+#[test]
+fn a_stream_id_with_a_streams_list_is_refused() {
+    let site = Site::new();
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let config = checkout.join(Profile::Local.default_config());
+    let listed = config.to_str().expect("utf-8");
+    let env: Env = site.env().into_iter().collect();
+    let changes = [
+        ("CONFIG_PATH", Some(listed)),
+        ("ARENA_STREAM_ID", Some("stream-9")),
+    ];
+    let l = site
+        .launch(Profile::Local, Mode::Submit, &changes, &[])
+        .expect("valid");
+    let err = check_config(&l, &env).expect_err("refused").lines().join("\n");
+    assert!(
+        err.starts_with("ARENA_STREAM_ID is set, but CONFIG_PATH") && err.contains("would have no effect"),
+        "{err}"
+    );
+}
+
 /// One knob case: the profile with `changes` and `overrides`, loaded as `arena-rl train` loads it (the
 /// profile's real config file, then the profile's overrides, then the user's); returns what `knob` reads from
 /// that config, after checking that the rendered GPU job passes the profile's `arg` to `arena-rl train`.

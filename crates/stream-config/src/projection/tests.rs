@@ -123,9 +123,16 @@ fn a_streams_file_is_projected() {
 #[test]
 fn configs_without_exactly_one_source_cannot_be_projected() {
     let dir = tempfile::tempdir().unwrap();
-    let legacy = write(dir.path(), "legacy.yaml", "econfig:\n  stream_id: s\n");
-    let err = project_streams(&legacy, &env()).unwrap_err().to_string();
-    assert!(err.contains("nothing to project"), "{err}");
+    let neither = write(
+        dir.path(),
+        "neither.yaml",
+        "experiment_name: e\ntrial_name: t\neconfig:\n  arena_harness: h@1\n",
+    );
+    let err = project_streams(&neither, &env()).unwrap_err().to_string();
+    assert!(
+        err.contains("nothing to project") && err.contains("ARENA_STREAM_ID"),
+        "{err}"
+    );
     let both = write(
         dir.path(),
         "both.yaml",
@@ -140,4 +147,23 @@ fn configs_without_exactly_one_source_cannot_be_projected() {
     );
     let err = project_streams(&invalid, &env()).unwrap_err().to_string();
     assert!(err.contains("may only contain"), "{err}");
+}
+
+/// A single-stream config projects as its one Stream, `default`, with the Stream `ARENA_STREAM_ID` names.
+#[test]
+fn a_single_stream_config_projects_its_one_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = write(
+        dir.path(),
+        "single.yaml",
+        "experiment_name: e\ntrial_name: t\neconfig:\n  stream_id: from-the-file\n  arena_harness: claude-code@1\n  arena_llm_protocol: anthropic\n",
+    );
+    let p = project_streams(&single, &env()).unwrap();
+    assert_eq!(
+        p.yaml,
+        "streams:\n- name: default\n  stream_id: from-the-file\n  harness: claude-code@1\n  llm_protocol: anthropic"
+    );
+    let env = Env::from_pairs([("HOME", "/nonexistent-home"), ("ARENA_STREAM_ID", "stream-9")]);
+    let p = project_streams(&single, &env).unwrap();
+    assert!(p.yaml.contains("stream_id: stream-9"), "{}", p.yaml);
 }
