@@ -1,12 +1,16 @@
 //! Sizes users train, and what training them costs in memory before anything is loaded.
 //!
 //! [`Shape`] holds the published shapes of the models users train ([`QWEN3_0_6B`], [`QWEN3_1_7B`],
-//! [`QWEN3_4B`], [`QWEN2_5_7B`], written from their Hugging Face `config.json`s, and [`SMOLLM2_135M`]);
+//! [`QWEN3_4B`], [`QWEN3_8B`], [`QWEN3_14B`], [`QWEN3_32B`], [`QWEN2_5_7B`], written from their Hugging Face
+//! `config.json`s, and [`SMOLLM2_135M`]);
 //! [`Shape::config`] turns one into a [`ModelConfig`] and [`Shape::tiny`] into a random-initialisable small
 //! model with the same architecture flags. [`MemoryEstimate`] is the dry run: parameters, the bytes of the
 //! f32 weights, gradients and AdamW moments, and the activations kept per trained token by the chunked
 //! training path with and without layer recompute, counted from what each kernel saves for its backward
 //! pass (`train/cpu.rs`, `train/cpu/layer.rs`). It prints as a short report.
+//! [`MemoryEstimate::fsdp2_gpu_bytes`] is the same step's peak on one GPU of an FSDP2 layout (the
+//! `fsdp2-trainer` worker): the sharded state, the units gathered whole at a time, the kept activations
+//! in the compute precision and the chunked output projection.
 
 use std::fmt;
 
@@ -67,6 +71,37 @@ pub const QWEN3_4B: Shape = Shape {
     ..QWEN3_0_6B
 };
 
+/// `Qwen/Qwen3-8B`: untied embeddings from this size up.
+pub const QWEN3_8B: Shape = Shape {
+    name: "Qwen/Qwen3-8B",
+    hidden_size: 4096,
+    intermediate_size: 12_288,
+    num_hidden_layers: 36,
+    num_attention_heads: 32,
+    tie_word_embeddings: false,
+    ..QWEN3_0_6B
+};
+
+/// `Qwen/Qwen3-14B`.
+pub const QWEN3_14B: Shape = Shape {
+    name: "Qwen/Qwen3-14B",
+    hidden_size: 5120,
+    intermediate_size: 17_408,
+    num_hidden_layers: 40,
+    num_attention_heads: 40,
+    ..QWEN3_8B
+};
+
+/// `Qwen/Qwen3-32B`: 64 query heads of 128 over a hidden width of 5120.
+pub const QWEN3_32B: Shape = Shape {
+    name: "Qwen/Qwen3-32B",
+    hidden_size: 5120,
+    intermediate_size: 25_600,
+    num_hidden_layers: 64,
+    num_attention_heads: 64,
+    ..QWEN3_8B
+};
+
 /// `Qwen/Qwen2.5-7B`: biases on q, k and v, untied embeddings.
 pub const QWEN2_5_7B: Shape = Shape {
     name: "Qwen/Qwen2.5-7B",
@@ -102,7 +137,16 @@ pub const SMOLLM2_135M: Shape = Shape {
 };
 
 /// Every shape above.
-pub const SHAPES: [Shape; 5] = [QWEN3_0_6B, QWEN3_1_7B, QWEN3_4B, QWEN2_5_7B, SMOLLM2_135M];
+pub const SHAPES: [Shape; 8] = [
+    QWEN3_0_6B,
+    QWEN3_1_7B,
+    QWEN3_4B,
+    QWEN3_8B,
+    QWEN3_14B,
+    QWEN3_32B,
+    QWEN2_5_7B,
+    SMOLLM2_135M,
+];
 
 impl Shape {
     /// The full model's config.
@@ -189,6 +233,21 @@ pub struct MemoryEstimate {
     pub logits_chunk_rows: u64,
     /// One row of logits (`vocab` floats).
     pub logits_row_bytes: u64,
+    /// Parameters of one decoder layer.
+    pub layer_parameters: u64,
+    /// Parameters outside the layers (embeddings, an untied output projection, the final norm): the root
+    /// unit of an FSDP2 layout.
+    pub root_parameters: u64,
+}
+
+/// One GPU's share of an FSDP2 layout: how many GPUs shard the state, and the compute precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fsdp2Layout {
+    /// Data-parallel ranks the state is sharded over (one a GPU).
+    pub gpus: u64,
+    /// bf16 parameters and activations with f32 master weights and reduction (`actor.bf16_autocast`);
+    /// f32 throughout otherwise.
+    pub bf16: bool,
 }
 
 const F32: u64 = 4;
@@ -211,6 +270,8 @@ impl MemoryEstimate {
         let layers = config.num_hidden_layers as u64;
         // After the layers: the final norm's input, the output projection's input and two numbers per row.
         let head = 2 * h + 4;
+        let embed = config.vocab_size as u64 * h;
+        let root_parameters = embed * if config.tie_word_embeddings { 1 } else { 2 } + h;
         Self {
             model: name.to_string(),
             parameters,
@@ -222,6 +283,8 @@ impl MemoryEstimate {
             recompute_layer_bytes_per_token: per_layer * F32,
             logits_chunk_rows: memory.logits_chunk as u64,
             logits_row_bytes: config.vocab_size as u64 * F32,
+            layer_parameters: (parameters - root_parameters) / layers.max(1),
+            root_parameters,
         }
     }
 
@@ -245,6 +308,41 @@ impl MemoryEstimate {
             logits
         };
         self.state_bytes() + kept * tokens + transient
+    }
+}
+
+impl MemoryEstimate {
+    /// The step's estimated peak on one GPU of an FSDP2 layout, for a micro-batch of `tokens` tokens on
+    /// that GPU:
+    /// - the sharded state: f32 master weights, f32 gradients and AdamW's two f32 moments, over `gpus`;
+    /// - the units gathered whole (`fully_shard` on each decoder layer, then the root): the one computing
+    ///   and the one prefetched, in the compute precision, and one unit's unsharded f32 gradient before its
+    ///   reduce-scatter;
+    /// - the kept activations and the transient of [`MemoryEstimate::step_bytes`], in the compute
+    ///   precision, except the output projection's chunk of logits, which stays f32 for the log-softmax.
+    ///
+    /// Attention's own workspace is left out: the worker uses memory-efficient kernels whose workspace
+    /// grows with one sequence's length, not with its square.
+    pub fn fsdp2_gpu_bytes(&self, layout: Fsdp2Layout, tokens: u64, recompute: bool) -> u64 {
+        let gpus = layout.gpus.max(1);
+        let compute = if layout.bf16 { 2 } else { F32 };
+        let sharded = self.state_bytes().div_ceil(gpus);
+        let unit = self.layer_parameters.max(self.root_parameters);
+        let gathered = 2 * unit * compute + unit * F32;
+        let kept = if recompute {
+            self.recompute_activation_bytes_per_token
+        } else {
+            self.activation_bytes_per_token
+        } / F32
+            * compute
+            * tokens;
+        let logits = self.logits_chunk_rows.min(tokens) * self.logits_row_bytes;
+        let transient = if recompute {
+            logits.max(self.recompute_layer_bytes_per_token / F32 * compute * tokens)
+        } else {
+            logits
+        };
+        sharded + gathered + kept + transient
     }
 }
 

@@ -19,6 +19,9 @@ fn parameter_counts_match_the_published_totals() {
         (QWEN3_0_6B, 0.6e9, 0.44e9, 0.01e9),
         (QWEN3_1_7B, 1.7e9, 1.4e9, 0.05e9),
         (QWEN3_4B, 4.0e9, 3.6e9, 0.05e9),
+        (QWEN3_8B, 8.2e9, 6.95e9, 0.05e9),
+        (QWEN3_14B, 14.8e9, 13.2e9, 0.05e9),
+        (QWEN3_32B, 32.8e9, 31.2e9, 0.05e9),
         (QWEN2_5_7B, 7.61e9, 6.53e9, 0.01e9),
         (SMOLLM2_135M, 0.135e9, 0.107e9, 0.0025e9),
     ];
@@ -134,4 +137,44 @@ fn the_report_adds_up_and_recompute_keeps_less() {
         "{text}"
     );
     assert!(text.contains("with layer recompute"), "{text}");
+}
+
+#[test]
+fn qwen3_8b_fits_an_80_gb_gpu_sharded_over_eight_and_not_on_one() {
+    const GPU: u64 = 80_000_000_000;
+    let e = MemoryEstimate::new(QWEN3_8B.name, &QWEN3_8B.config(), &MemoryConfig::default());
+    // The figure: about 131 GB of f32 state before any activation.
+    assert!(
+        (e.state_bytes() as f64 / 1e9 - 131.0).abs() < 1.0,
+        "{}",
+        e.state_bytes()
+    );
+    let eight = Fsdp2Layout { gpus: 8, bf16: true };
+    let one = Fsdp2Layout { gpus: 1, bf16: true };
+    for tokens in [8192, 32_768] {
+        assert!(
+            e.fsdp2_gpu_bytes(eight, tokens, true) < GPU,
+            "{tokens} tokens on 8 GPUs"
+        );
+        assert!(
+            e.fsdp2_gpu_bytes(one, tokens, true) > GPU,
+            "{tokens} tokens on 1 GPU"
+        );
+    }
+    // Sharding divides the state and nothing else; bf16 halves the activations; recompute keeps less.
+    let state_share = e.state_bytes() - e.state_bytes().div_ceil(8);
+    assert_eq!(
+        e.fsdp2_gpu_bytes(one, 8192, true) - e.fsdp2_gpu_bytes(eight, 8192, true),
+        state_share
+    );
+    let f32_layout = Fsdp2Layout { gpus: 8, bf16: false };
+    assert!(e.fsdp2_gpu_bytes(eight, 32_768, false) < e.fsdp2_gpu_bytes(f32_layout, 32_768, false));
+    assert!(e.fsdp2_gpu_bytes(eight, 32_768, true) < e.fsdp2_gpu_bytes(eight, 32_768, false));
+    // The gathered units: Qwen3-8B's root (two 151,936 x 4,096 matrices) is larger than a layer.
+    assert!(e.root_parameters > e.layer_parameters);
+    assert_eq!(
+        e.layer_parameters * 36 + e.root_parameters,
+        e.parameters,
+        "the units add up to the model"
+    );
 }
