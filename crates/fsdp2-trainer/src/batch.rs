@@ -74,6 +74,29 @@ fn le_bytes<T: Copy, const N: usize>(values: impl Iterator<Item = T>, f: fn(T) -
     values.flat_map(f).collect()
 }
 
+/// The file with its header's metadata in key order: safetensors writes a `HashMap` in its random order, and
+/// the same batch must give the same bytes (and hash) each time it is written, so that a replayed step is
+/// recognised. Reordering keys keeps the header's length.
+fn canonical_header(mut bytes: Vec<u8>) -> Result<Vec<u8>> {
+    let bad = |m: String| Error::Batch(format!("cannot canonicalise the header: {m}"));
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header = &bytes[8..8 + n];
+    let mut value: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(header).map_err(|e| bad(e.to_string()))?;
+    if let Some(serde_json::Value::Object(meta)) = value.get_mut("__metadata__") {
+        let mut sorted: Vec<_> = std::mem::take(meta).into_iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        meta.extend(sorted);
+    }
+    let text = serde_json::to_vec(&value).map_err(|e| bad(e.to_string()))?;
+    if text.len() > n {
+        return Err(bad(format!("{} bytes for a header of {n}", text.len())));
+    }
+    bytes[8..8 + text.len()].copy_from_slice(&text);
+    bytes[8 + text.len()..8 + n].fill(b' ');
+    Ok(bytes)
+}
+
 impl Batch {
     /// Checks shapes and values; the error names the sequence and the field.
     pub fn check(&self) -> Result<()> {
@@ -217,8 +240,9 @@ impl Batch {
             ("step".to_string(), self.step.to_string()),
             ("policy_version".to_string(), self.policy_version.to_string()),
         ]);
-        safetensors::tensor::serialize(views, Some(metadata))
-            .map_err(|e| Error::Batch(format!("cannot serialise: {e}")))
+        let bytes = safetensors::tensor::serialize(views, Some(metadata))
+            .map_err(|e| Error::Batch(format!("cannot serialise: {e}")))?;
+        canonical_header(bytes)
     }
 
     /// Writes the batch to `path` (through a temporary file in the same folder and a rename) and returns

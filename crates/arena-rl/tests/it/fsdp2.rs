@@ -570,25 +570,31 @@ fn a_rank_killed_mid_step_stops_the_step_with_rank_lost() {
     std::fs::create_dir_all(&run).unwrap();
     let run = run.canonicalize().unwrap();
     let config = base_config();
+    let vocab = vocab(&model);
     let mut worker = launch(&run, 2);
     init(&mut worker, &model, &config);
+    let first = Fsdp2Engine::grpo_batch(&config, &rl_batch(0, vocab), 0).unwrap();
+    worker
+        .step(&first, &run.join("trainer/batches/step-0.safetensors"))
+        .expect("step 0");
+    let checkpoint = run.join("checkpoints/step-1/trainer");
+    worker.save(&checkpoint).expect("the checkpoint after step 0");
     // A batch long enough that the step is still running when the rank dies.
-    let vocab = vocab(&model);
-    let mut rl = rl_batch(0, vocab);
+    let mut rl = rl_batch(1, vocab);
     for _ in 0..5 {
-        let more = rl_batch(0, vocab);
+        let more = rl_batch(1, vocab);
         rl.sequences.extend(more.sequences);
         rl.group_sizes.extend(more.group_sizes);
     }
-    let file = Fsdp2Engine::grpo_batch(&config, &rl, 0).unwrap();
-    let path = run.join("trainer/batches/step-0.safetensors");
+    let file = Fsdp2Engine::grpo_batch(&config, &rl, 1).unwrap();
+    let path = run.join("trainer/batches/step-1.safetensors");
     let sha256 = file.write(&path).unwrap();
     let rank1 = rank_pid(worker.pid(), 1);
     let started = Instant::now();
     let (client, watch) = worker.parts();
     let request = fsdp2_trainer::protocol::StepRequest {
         protocol: fsdp2_trainer::PROTOCOL,
-        step: 0,
+        step: 1,
         kind: StepKind::Grpo,
         batch: path.clone(),
         sha256,
@@ -601,13 +607,33 @@ fn a_rank_killed_mid_step_stops_the_step_with_rank_lost() {
     )
     .expect("rank 1 is killed");
     let err = client
-        .wait::<fsdp2_trainer::protocol::StepResult>("step", &op, Some(0), watch)
+        .wait::<fsdp2_trainer::protocol::StepResult>("step", &op, Some(1), watch)
         .expect_err("the step cannot finish without rank 1");
     let seconds = started.elapsed().as_secs_f64();
     eprintln!("after {seconds:.1} s: {err}");
     assert_eq!(err.kind(), Some(ErrorKind::RankLost), "{err}");
-    assert!(err.to_string().contains("step 0"), "{err}");
+    assert!(err.to_string().contains("step 1"), "{err}");
     assert!(seconds < 60.0, "the error took {seconds} s");
+    drop(worker);
+
+    // A new worker resumes from the checkpoint: the lost step is trained once, a replay of it is answered
+    // from the record, and a step out of order is refused.
+    let mut worker = launch(&run, 2);
+    init(&mut worker, &model, &config);
+    assert_eq!(worker.load(&checkpoint).expect("load").step, 1);
+    let done = worker.step(&file, &path).expect("step 1 again");
+    assert_eq!(done.step, 2);
+    let replay = worker.step(&file, &path).expect("a replay");
+    assert_eq!(
+        (replay.step, replay.stats.loss),
+        (2, done.stats.loss),
+        "answered, not trained again"
+    );
+    let later = Fsdp2Engine::grpo_batch(&config, &rl_batch(4, vocab), 4).unwrap();
+    let refused = worker
+        .step(&later, &run.join("trainer/batches/step-4.safetensors"))
+        .expect_err("step 4 after 2 steps");
+    assert_eq!(refused.kind(), Some(ErrorKind::Protocol), "{refused}");
 }
 
 /// The process id of rank `rank` among torchrun's children.

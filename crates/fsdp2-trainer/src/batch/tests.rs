@@ -111,3 +111,12 @@ fn a_truncated_or_foreign_file_is_refused() {
     let err = Batch::from_bytes(&other).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("arena-rl-trainer/9"), "{err}");
 }
+
+#[test]
+fn the_same_batch_gives_the_same_bytes_every_time() {
+    let first = sample().to_bytes().unwrap();
+    for _ in 0..20 {
+        assert_eq!(sample().to_bytes().unwrap(), first);
+    }
+    assert_eq!(Batch::from_bytes(&first).unwrap(), sample());
+}
