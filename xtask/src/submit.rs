@@ -8,6 +8,7 @@
 //! Credentials never pass through here: the scripts name the credentials file, and the jobs source it.
 
 mod env;
+mod fit;
 mod profile;
 mod render;
 mod validate;
@@ -32,7 +33,7 @@ pub(crate) struct SubmitArgs {
     /// Run only the controller's Arena preflight (writes preflight.json), not the training job.
     #[arg(long, conflicts_with = "print_profile")]
     check_arena: bool,
-    /// Print the profile's ten key=value lines and exit, touching nothing.
+    /// Print the profile's eleven key=value lines and exit, touching nothing.
     #[arg(long, conflicts_with = "dry_run")]
     print_profile: bool,
     /// Launch profile; its config is examples/configs/<profile>.yaml unless CONFIG_PATH says otherwise.
@@ -90,7 +91,14 @@ pub(crate) fn run(args: SubmitArgs) -> Result<()> {
     // As the reference does, relative paths in the config are read from the checkout.
     std::env::set_current_dir(&launch.areal_dir)
         .with_context(|| format!("entering AREAL_DIR {}", launch.areal_dir.display()))?;
-    if let Err(problems) = check_config(&launch, &env) {
+    let config = match check_config(&launch, &env) {
+        Ok(config) => config,
+        Err(problems) => fail(&problems),
+    };
+    // `--check-arena` trains nothing, so the model is not loaded and need not fit.
+    if mode == Mode::Submit
+        && let Err(problems) = fit::check(&launch, &config)
+    {
         fail(&problems);
     }
     let scripts = render::render(&launch);

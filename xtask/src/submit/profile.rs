@@ -1,7 +1,7 @@
 //! Launch profiles: the reference's `grpo` smoke profile, the `flash-v3` profile with its node-count table and
 //! token-length rules, and `local` (one node, no GPU).
 //!
-//! A profile fixes ten knobs (what `--print-profile` prints) and the placement of `arena-rl` roles on the GPU
+//! A profile fixes eleven knobs (what `--print-profile` prints) and the placement of `arena-rl` roles on the GPU
 //! job's nodes. The knobs reach the run config as dotted overrides on the `arena-rl train` command line.
 
 use super::env::Env;
@@ -60,7 +60,7 @@ pub(crate) const FLASH_V3_TOPOLOGY: [(u32, &str, &str); 4] = [
     (16, "megatron:(attn:d4p2t2c8|ffn:d8p2e8)", "sglang:d32t4p1"),
 ];
 
-/// The ten knobs of a profile, as `--print-profile` prints them.
+/// The eleven knobs of a profile, as `--print-profile` prints them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Knobs {
     /// Nodes: the reference's count (`N_NODES` for Flash V3) until `--print-profile` replaces it with what
@@ -77,10 +77,13 @@ pub(crate) struct Knobs {
     pub(crate) samples: u64,
     pub(crate) steps: u64,
     pub(crate) concurrency: u64,
+    /// Memory of one GPU of the job's nodes (`GPU_MEMORY_GIB`; 80, an H100's, on GPU profiles; 0 on `local`):
+    /// the limit `cargo xtask submit` holds the trainer's per-GPU estimate to.
+    pub(crate) gpu_memory_gib: u32,
 }
 
 impl Knobs {
-    /// The ten `key=value` lines of `--print-profile`, in the reference's order.
+    /// The eleven `key=value` lines of `--print-profile`: the reference's ten, in its order, then the GPU memory.
     pub(crate) fn lines(&self) -> Vec<String> {
         vec![
             format!("nodes={}", self.nodes),
@@ -93,12 +96,32 @@ impl Knobs {
             format!("samples={}", self.samples),
             format!("steps={}", self.steps),
             format!("concurrency={}", self.concurrency),
+            format!("gpu_memory_gib={}", self.gpu_memory_gib),
         ]
     }
 }
 
 /// Reads the profile's knobs, applying the Flash V3 rules to its environment variables.
 pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option<Knobs> {
+    let default_gib = if profile.default_gpus_per_node() == 0 {
+        0
+    } else {
+        80
+    };
+    let gib = int_var(
+        problems,
+        env,
+        "GPU_MEMORY_GIB",
+        default_gib,
+        0..=4096,
+        "an integer from 0 to 4096",
+    );
+    let mut knobs = profile_knobs(profile, env, problems)?;
+    knobs.gpu_memory_gib = gib?;
+    Some(knobs)
+}
+
+fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option<Knobs> {
     match profile {
         // A quickstart-sized smoke run of examples/configs/quickstart.yaml's Streams: two steps of 2 x 2 rollouts.
         Profile::Local => Some(Knobs {
@@ -112,6 +135,7 @@ pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Opt
             samples: 2,
             steps: 2,
             concurrency: 4,
+            gpu_memory_gib: 0,
         }),
         Profile::Grpo => Some(Knobs {
             nodes: 2,
@@ -125,6 +149,7 @@ pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Opt
             samples: 2,
             steps: 1,
             concurrency: 16,
+            gpu_memory_gib: 0,
         }),
         Profile::FlashV3 => flash_v3(env, problems),
     }
@@ -183,6 +208,7 @@ fn flash_v3(env: &Env, problems: &mut Problems) -> Option<Knobs> {
         samples: samples?,
         steps: steps?,
         concurrency: concurrency?,
+        gpu_memory_gib: 0,
     })
 }
 

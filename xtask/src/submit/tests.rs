@@ -505,7 +505,7 @@ fn every_problem_is_reported_at_once() {
 }
 
 #[test]
-fn print_profile_prints_ten_lines_with_the_flash_v3_rules() {
+fn print_profile_prints_eleven_lines_with_the_flash_v3_rules() {
     let lines = |profile, vars: &[(&str, &str)]| {
         let env: Env = vars.iter().map(|(k, v)| (*k, *v)).collect();
         validate::profile_knobs(profile, &env)
@@ -539,7 +539,7 @@ fn print_profile_prints_ten_lines_with_the_flash_v3_rules() {
         ),
     ] {
         let out = lines(profile, vars).expect("valid knobs");
-        assert_eq!(out.lines().count(), 10, "{out}");
+        assert_eq!(out.lines().count(), 11, "{out}");
         all.push_str(&format!("# {} {vars:?}\n{out}\n", profile.name()));
     }
     insta::assert_snapshot!(all);

@@ -18,7 +18,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn print_profile_prints_ten_lines_and_needs_no_paths() {
+fn print_profile_prints_eleven_lines_and_needs_no_paths() {
     let out = xtask(
         &["submit", "--print-profile", "--profile", "flash-v3"],
         &[("N_NODES", "4"), ("CONTEXT_LENGTH", "65536")],
@@ -27,7 +27,7 @@ fn print_profile_prints_ten_lines_and_needs_no_paths() {
     assert_eq!(
         text(&out.stdout),
         "nodes=5\nactor=burn:1gpu\nrollout=sglang:d8t4p1\ncontext=65536\n\
-         max_tokens=65535\nmax_new_tokens=65535\nbatch=32\nsamples=12\nsteps=500\nconcurrency=1500\n"
+         max_tokens=65535\nmax_new_tokens=65535\nbatch=32\nsamples=12\nsteps=500\nconcurrency=1500\ngpu_memory_gib=80\n"
     );
 }
 
@@ -84,7 +84,13 @@ impl Launch {
         std::fs::create_dir_all(root.join("runs")).expect("runs");
         std::fs::write(root.join("arena.env"), "export ARENA_OPENAPI_TOKEN=tok\n").expect("creds");
         let bin = root.join("arena-rl");
-        std::fs::write(&bin, "#!/bin/sh\nexit 0\n").expect("bin");
+        // A stand-in for the binary: its only use here is `model estimate --json`, the submit-time fit check
+        // (the real binary's answers are tested in `the_trainers_estimate_refuses_what_cannot_train`).
+        std::fs::write(
+            &bin,
+            "#!/bin/sh\necho '{\"architecture\":\"LlamaForCausalLM\",\"parameters\":1000,\"step_bytes\":1000,\"step_bytes_recompute\":1000}'\n",
+        )
+        .expect("bin");
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         Self { dir }
@@ -196,4 +202,98 @@ fn without_sbatch_the_scripts_are_written_and_the_error_says_why() {
         let script = std::fs::read_to_string(dir.join(name)).expect("rendered");
         assert!(script.starts_with("#!/usr/bin/env bash\n"));
     }
+}
+
+/// A model folder holding only `config.json` of the given shape (the fit check reads nothing else).
+fn model_config(dir: &Path, architecture: &str, model_type: &str, shape: [u64; 6]) {
+    let [hidden, intermediate, layers, heads, kv_heads, vocab] = shape;
+    std::fs::create_dir_all(dir).expect("model dir");
+    let config = serde_json::json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden / heads,
+        "vocab_size": vocab,
+        "tie_word_embeddings": false,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config.json");
+}
+
+/// With the real `arena-rl` binary: a model the trainer cannot load, and a model whose one training step does
+/// not fit one GPU of the profile, are refused in one line before anything is written; a small model passes.
+#[test]
+fn the_trainers_estimate_refuses_what_cannot_train() {
+    let (arena_rl, _) = crate::slurm::binaries();
+    let launch = Launch::new();
+    let real_bin = [("ARENA_RL_BIN", arena_rl.display().to_string())];
+    let with_model = |name: &str| {
+        let mut extra = real_bin.to_vec();
+        extra.push(("MODEL_PATH", launch.path(name).display().to_string()));
+        extra
+    };
+    let qwen3_8b = [4096, 12288, 36, 32, 8, 151936];
+    model_config(
+        &launch.path("bailing"),
+        "BailingMoeV3ForCausalLM",
+        "bailing_moe",
+        qwen3_8b,
+    );
+    model_config(&launch.path("qwen3-8b"), "Qwen3ForCausalLM", "qwen3", qwen3_8b);
+    model_config(
+        &launch.path("small"),
+        "Qwen3ForCausalLM",
+        "qwen3",
+        [256, 512, 2, 4, 2, 1024],
+    );
+
+    let out = run(
+        &launch,
+        &["submit", "--dry-run", "--profile", "flash-v3"],
+        &with_model("bailing"),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "xtask submit: MODEL_PATH {}: the trainer cannot load this model: ",
+            launch.path("bailing").display()
+        )) && stderr.contains("BailingMoeV3ForCausalLM"),
+        "{stderr}"
+    );
+
+    let out = run(
+        &launch,
+        &["submit", "--dry-run", "--profile", "grpo"],
+        &with_model("qwen3-8b"),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("Qwen3ForCausalLM, 8.19B parameters) does not fit the grpo actor burn:1gpu")
+            && stderr.contains("one step of 32768 tokens")
+            && stderr.ends_with("more than GPU_MEMORY_GIB=80\n"),
+        "{stderr}"
+    );
+    // The limit is the profile's setting.
+    let mut big_gpu = with_model("qwen3-8b");
+    big_gpu.push(("GPU_MEMORY_GIB", "4096".into()));
+    let out = run(&launch, &["submit", "--dry-run", "--profile", "grpo"], &big_gpu);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = run(
+        &launch,
+        &["submit", "--dry-run", "--profile", "grpo"],
+        &with_model("small"),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(is_empty_dir(&launch.path("runs")));
 }

@@ -36,6 +36,10 @@ pub(crate) struct EstimateArgs {
     /// Tokens in one micro-batch (`actor.max_tokens_per_mb`).
     #[arg(long, default_value_t = 8192)]
     tokens: u64,
+    /// Print one JSON object (architecture, parameters, bytes of the state and of one step) instead of text,
+    /// for `cargo xtask submit`'s fit check.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(ClapArgs)]
@@ -113,6 +117,19 @@ fn estimate(args: &EstimateArgs) -> Result<()> {
         (None, None) => bail!("give --shape or --model"),
     };
     let estimate = MemoryEstimate::new(&name, &config, &trainer::MemoryConfig::default());
+    if args.json {
+        let json = serde_json::json!({
+            "model": name,
+            "architecture": config.architecture.hf_class(),
+            "parameters": estimate.parameters,
+            "state_bytes": estimate.state_bytes(),
+            "tokens": args.tokens,
+            "step_bytes": estimate.step_bytes(args.tokens, false),
+            "step_bytes_recompute": estimate.step_bytes(args.tokens, true),
+        });
+        println!("{json}");
+        return Ok(());
+    }
     print!("{estimate}");
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
