@@ -33,6 +33,10 @@ pub(crate) struct SubmitArgs {
     /// Run only the controller's Arena preflight (writes preflight.json), not the training job.
     #[arg(long, conflicts_with = "print_profile")]
     check_arena: bool,
+    /// Run the rollout-only loop (`arena-rl rollout`: scored rollouts written to rollouts.jsonl, no training) for
+    /// at least ROLLOUTS rollouts, in steps of the profile's batch x samples, instead of training.
+    #[arg(long, value_name = "ROLLOUTS", conflicts_with = "check_arena", value_parser = clap::value_parser!(u64).range(1..))]
+    rollout_only: Option<u64>,
     /// Print the profile's eleven key=value lines and exit, touching nothing.
     #[arg(long, conflicts_with = "dry_run")]
     print_profile: bool,
@@ -84,10 +88,11 @@ pub(crate) fn run(args: SubmitArgs) -> Result<()> {
         Mode::Submit
     };
     let ctx = Ctx::current()?;
-    let launch = match validate::validate(args.profile, mode, &args.overrides, &env, &ctx) {
+    let mut launch = match validate::validate(args.profile, mode, &args.overrides, &env, &ctx) {
         Ok(l) => l,
         Err(problems) => fail(&problems),
     };
+    launch.rollout_only = args.rollout_only;
     // As the reference does, relative paths in the config are read from the checkout.
     std::env::set_current_dir(&launch.areal_dir)
         .with_context(|| format!("entering AREAL_DIR {}", launch.areal_dir.display()))?;

@@ -54,6 +54,15 @@ pub(crate) fn render(l: &Launch) -> Scripts {
         ("server_device", server_device(l).into()),
         ("server_dtype", server_dtype(l).into()),
         ("train_args", train_args(l)),
+        (
+            "run_command",
+            if l.rollout_only.is_some() {
+                "rollout"
+            } else {
+                "train"
+            }
+            .into(),
+        ),
     ]);
     Scripts {
         controller: fill(CONTROLLER, &controller_vars),
@@ -78,7 +87,7 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         format!("train_dataset.batch_size={}", k.batch),
         format!("gconfig.n_samples={}", k.samples),
         format!("gconfig.max_new_tokens={}", k.max_new_tokens.min(k.max_tokens)),
-        format!("actor.total_train_steps={}", k.steps),
+        format!("actor.total_train_steps={}", steps(l)),
         format!("actor.max_tokens_per_mb={}", k.context),
         format!("rollout.max_concurrent_rollouts={}", k.concurrency),
         // Every interface: the run advertises the address of the one that routes to Arena (docs/slurm.md).
@@ -89,6 +98,14 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         o.push(format!("econfig.arena_streams_file={}", d.display()));
     }
     o
+}
+
+/// Training steps, or with `--rollout-only N` the steps of `batch` x `samples` rollouts that make at least N.
+pub(crate) fn steps(l: &Launch) -> u64 {
+    match l.rollout_only {
+        Some(n) => n.div_ceil((l.knobs.batch * l.knobs.samples).max(1)),
+        None => l.knobs.steps,
+    }
 }
 
 /// Where the trainer and the in-process policy compute: on a GPU node the trainer takes the first GPU, and an

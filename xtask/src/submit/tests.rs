@@ -787,6 +787,28 @@ fn a_stream_id_with_a_streams_list_is_refused() {
     );
 }
 
+/// `--rollout-only N`: the trainer step runs `arena-rl rollout` for the steps of batch x samples that make at
+/// least N rollouts; without it, `arena-rl train` for the profile's steps.
+#[test]
+fn rollout_only_runs_the_rollout_loop_for_enough_steps() {
+    let site = Site::new();
+    let mut l = site
+        .launch(Profile::Local, Mode::Submit, &[], &[])
+        .expect("valid");
+    let (_, train) = site.scripts(&l);
+    assert!(train.contains("exec \"$ARENA_RL_BIN\" train --config"), "{train}");
+    assert!(render::profile_overrides(&l).contains(&"actor.total_train_steps=2".to_string()));
+    // local: batch 2 x 2 samples, so 10 rollouts take 3 steps (12 rollouts).
+    l.rollout_only = Some(10);
+    let (_, rollout) = site.scripts(&l);
+    assert!(
+        rollout.contains("exec \"$ARENA_RL_BIN\" rollout --config"),
+        "{rollout}"
+    );
+    assert!(!rollout.contains("\" train --config"), "{rollout}");
+    assert!(render::profile_overrides(&l).contains(&"actor.total_train_steps=3".to_string()));
+}
+
 /// One knob case: the profile with `changes` and `overrides`, loaded as `arena-rl train` loads it (the
 /// profile's real config file, then the profile's overrides, then the user's); returns what `knob` reads from
 /// that config, after checking that the rendered GPU job passes the profile's `arg` to `arena-rl train`.

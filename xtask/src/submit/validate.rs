@@ -70,6 +70,8 @@ pub(crate) struct Launch {
     pub(crate) supervise_interval: u32,
     /// The user's dotted `key=value` overrides, after the profile's own.
     pub(crate) overrides: Vec<String>,
+    /// `--rollout-only N`: the GPU job runs `arena-rl rollout` for at least N rollouts instead of training.
+    pub(crate) rollout_only: Option<u64>,
     /// Where and when this was rendered (for the scripts' header).
     pub(crate) host: String,
     pub(crate) timestamp: String,
@@ -359,6 +361,7 @@ pub(crate) fn validate(
         policy_port: policy_port.expect("checked above"),
         supervise_interval: supervise_interval.expect("checked above"),
         overrides: overrides.to_vec(),
+        rollout_only: None,
         host: ctx.host.clone(),
         timestamp: ctx.timestamp.clone(),
     })

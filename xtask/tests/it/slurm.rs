@@ -462,3 +462,36 @@ fn submit_trains_the_local_profile_for_two_steps_under_slurm() {
         assert_no_credentials(&path.display().to_string(), &text);
     }
 }
+
+#[test]
+fn rollout_only_runs_the_rollout_loop_under_slurm() {
+    let Some(mut site) = Site::start(SimWorld::Quickstart) else {
+        return;
+    };
+    site.prepare_policy();
+    write(&site.path("arena.env"), &credentials(&site.sim.base_url, true));
+    let trial = "slurm-rollout";
+    // local: batch 2 x 2 samples, so 6 rollouts take 2 steps (8 rollouts).
+    let job = site.submit(trial, "arena.env", &["--profile", "local", "--rollout-only", "6"]);
+    let (state, log) = site.wait_controller(trial, &job, TRAIN_LIMIT);
+    let dir = site.path(&format!("runs/submissions/{trial}"));
+    let train_job = std::fs::read_to_string(dir.join("train.jobid"))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default();
+    let train_log = std::fs::read_to_string(dir.join(format!("train-{train_job}.log"))).unwrap_or_default();
+    assert_eq!(
+        state, "COMPLETED",
+        "controller log:\n{log}\ntrain log:\n{train_log}"
+    );
+    let run = site.path(&format!("runs/arena-local/{trial}"));
+    assert!(
+        train_log.contains(&format!("rolled out 2 step(s) in {}", run.display())),
+        "{train_log}"
+    );
+    let rollouts = std::fs::read_to_string(run.join("rollouts.jsonl")).expect("rollouts.jsonl written");
+    assert!(rollouts.lines().count() >= 6, "{rollouts}");
+    assert!(
+        !run.join("checkpoints/step-2/model.safetensors").exists(),
+        "rollout-only trained"
+    );
+}

@@ -43,7 +43,7 @@ if [[ "${1:-}" == --step ]]; then
     cd "$AREAL_DIR"
     case "${2:-}" in
         trainer)
-            exec "$ARENA_RL_BIN" train --config "$CONFIG_PATH" \
+            exec "$ARENA_RL_BIN" {{run_command}} --config "$CONFIG_PATH" \
 {{train_args}}
             ;;
         policy-server)
