@@ -66,8 +66,11 @@ pub fn grade(target: u32, final_answer: Option<&str>) -> Grade {
 /// The last run of ASCII digits in `text`, when it fits in a `u32`.
 fn last_integer(text: &str) -> Option<u32> {
     let end = text.rfind(|c: char| c.is_ascii_digit())? + 1;
+    // After the last non-digit character, which may be several bytes long (a model's reply is any text).
     let start = text[..end]
-        .rfind(|c: char| !c.is_ascii_digit())
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|(_, c)| !c.is_ascii_digit())
+        .map_or(0, |(i, c)| i + c.len_utf8());
     text[start..end].parse().ok()
 }

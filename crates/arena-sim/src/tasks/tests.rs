@@ -198,6 +198,9 @@ fn sums_are_graded_for_closeness_and_for_the_bare_number() {
         0.0,
         "an integer past u32 is no answer"
     );
+    // A number after a character of several bytes is read, not a grader crash.
+    assert_eq!(score(&format!("→{t}")), 0.75);
+    assert_eq!(score(&format!("é ü{t}")), 0.75);
     // The transcript of a perfect run is the prompt and the bare sum, no tool.
     let transcript = task.transcript(LlmProtocol::ChatCompletions);
     assert_eq!(transcript.len(), 2);
