@@ -100,6 +100,7 @@ pub(crate) fn run(args: SubmitArgs) -> Result<()> {
         Ok(config) => config,
         Err(problems) => fail(&problems),
     };
+    launch.apply_config(&config);
     // `--check-arena` trains nothing, so the model is not loaded and need not fit.
     if mode == Mode::Submit
         && let Err(problems) = fit::check(&launch, &config)
@@ -151,6 +152,18 @@ pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<stream_config::RunCo
             let listed = !e.arena_streams.is_empty()
                 || !e.arena_streams_file.trim().is_empty()
                 || !e.arena_streams_yaml_b64.trim().is_empty();
+            if config.actor.backend == stream_config::TrainerBackend::Fsdp2
+                && l.placement.actor == profile::ActorLayout::Burn
+            {
+                let mut problems = Problems::default();
+                problems.push(format!(
+                    "CONFIG_PATH {} sets actor.backend: fsdp2, but the {} profile's actor is {}: set ACTOR_LAYOUT=fsdp2:dN (N ranks) to have the job start the FSDP2 worker",
+                    l.config.display(),
+                    l.profile.name(),
+                    l.knobs.actor
+                ));
+                return Err(problems);
+            }
             if l.stream_id.is_some() && listed {
                 let mut problems = Problems::default();
                 problems.push(format!(

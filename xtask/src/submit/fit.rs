@@ -4,12 +4,16 @@
 //!
 //! Both answers are the trainer's own: `arena-rl model estimate --model MODEL_PATH --tokens T --json` (the
 //! binary the job runs), with T the micro-batch budget (`actor.max_tokens_per_mb`) and layer recompute as the
-//! run config sets it. burn trains on one GPU, so the whole step is that GPU's.
+//! run config sets it. burn trains on one GPU, so the whole step is that GPU's. An `fsdp2:dN` actor asks for
+//! one GPU's share of the FSDP2 layout over N GPUs (`--fsdp2-gpus N`, in f32 unless `actor.bf16_autocast`,
+//! with the worker's `actor.fsdp2.logprob_chunk_tokens`), and activation checkpointing as
+//! `actor.recompute_layers` sets it.
 
 use std::process::Command;
 
 use serde::Deserialize;
 
+use super::profile::ActorLayout;
 use super::validate::{Launch, Problems};
 
 /// What `arena-rl model estimate --json` prints.
@@ -19,6 +23,14 @@ struct Estimate {
     parameters: u64,
     step_bytes: u64,
     step_bytes_recompute: u64,
+    /// With `--fsdp2-gpus`: one GPU of the FSDP2 layout.
+    fsdp2: Option<Fsdp2Estimate>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Fsdp2Estimate {
+    gpu_bytes: u64,
+    gpu_bytes_recompute: u64,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -27,15 +39,22 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub(crate) fn check(l: &Launch, config: &stream_config::RunConfig) -> Result<(), Problems> {
     let mut problems = Problems::default();
     let tokens = config.actor.max_tokens_per_mb;
-    let out = Command::new(&l.bin)
-        .args([
-            "model",
-            "estimate",
-            "--json",
-            "--tokens",
-            &tokens.to_string(),
-            "--model",
-        ])
+    let mut command = Command::new(&l.bin);
+    command.args(["model", "estimate", "--json", "--tokens", &tokens.to_string()]);
+    let fsdp2_gpus = match l.placement.actor {
+        ActorLayout::Fsdp2 { ranks } => {
+            command
+                .args(["--fsdp2-gpus", &ranks.to_string(), "--logprob-chunk-tokens"])
+                .arg(config.actor.fsdp2.logprob_chunk_tokens.to_string());
+            if !config.actor.bf16_autocast {
+                command.arg("--f32");
+            }
+            Some(ranks)
+        }
+        ActorLayout::Burn => None,
+    };
+    let out = command
+        .arg("--model")
         .arg(&l.model)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -74,21 +93,49 @@ pub(crate) fn check(l: &Launch, config: &stream_config::RunConfig) -> Result<(),
     let limit = l.knobs.gpu_memory_gib;
     if l.placement.gpus_per_node > 0 {
         let recompute = config.actor.recompute_layers;
-        let bytes = if recompute {
-            estimate.step_bytes_recompute
-        } else {
-            estimate.step_bytes
+        let (bytes, on) = match (fsdp2_gpus, &estimate.fsdp2) {
+            (None, _) => (
+                if recompute {
+                    estimate.step_bytes_recompute
+                } else {
+                    estimate.step_bytes
+                },
+                "on one GPU".to_string(),
+            ),
+            (Some(gpus), Some(f)) => (
+                if recompute {
+                    f.gpu_bytes_recompute
+                } else {
+                    f.gpu_bytes
+                },
+                if gpus == 1 {
+                    "on its one GPU".to_string()
+                } else {
+                    format!("on each of its {gpus} GPUs")
+                },
+            ),
+            (Some(_), None) => {
+                problems.push(format!(
+                    "ARENA_RL_BIN {}: `model estimate --fsdp2-gpus` printed no FSDP2 estimate; is it an arena-rl of this checkout?",
+                    l.bin.display()
+                ));
+                return Err(problems);
+            }
         };
         let gib = bytes as f64 / GIB;
         if gib > f64::from(limit) {
+            let what = match (fsdp2_gpus, recompute) {
+                (None, true) => ", with layer recompute",
+                (Some(_), true) => ", with activation checkpointing",
+                (_, false) => "",
+            };
             problems.push(format!(
-                "MODEL_PATH {} ({}, {:.2}B parameters) does not fit the {} actor {}: the trainer's estimate of one step of {tokens} tokens (actor.max_tokens_per_mb{}) is {gib:.1} GiB on one GPU, more than GPU_MEMORY_GIB={limit}",
+                "MODEL_PATH {} ({}, {:.2}B parameters) does not fit the {} actor {}: the trainer's estimate of one step of {tokens} tokens (actor.max_tokens_per_mb{what}) is {gib:.1} GiB {on}, more than GPU_MEMORY_GIB={limit}",
                 l.model.display(),
                 estimate.architecture,
                 estimate.parameters as f64 / 1e9,
                 l.profile.name(),
                 l.knobs.actor,
-                if recompute { ", with layer recompute" } else { "" },
             ));
         }
     }

@@ -66,7 +66,9 @@ pub(crate) struct Knobs {
     /// Nodes: the reference's count (`N_NODES` for Flash V3) until `--print-profile` replaces it with what
     /// the GPU job allocates (the trainer's node plus the policy servers').
     pub(crate) nodes: u32,
-    /// What trains: `burn:cpu`, or `burn:1gpu` (the reference's `fsdp:...`/`megatron:...` layouts are not run).
+    /// What trains: `burn:cpu`, `burn:1gpu` (burn on the trainer node's first GPU), or `fsdp2:dN` (the FSDP2
+    /// worker over N data-parallel ranks, `torchrun` on the trainer nodes); `ACTOR_LAYOUT` overrides the
+    /// profile's. The reference's `megatron:...` layouts are not run.
     pub(crate) actor: String,
     /// The reference's rollout layout (`sglang:dDtTpP`, or `in-process`).
     pub(crate) rollout: String,
@@ -116,9 +118,79 @@ pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Opt
         0..=4096,
         "an integer from 0 to 4096",
     );
+    let layout = match env.get("ACTOR_LAYOUT") {
+        None => Some(None),
+        Some(v) => match parse_actor(v) {
+            Ok(_) => Some(Some(v.to_string())),
+            Err(why) => {
+                problems.push(format!("ACTOR_LAYOUT {why}, got '{v}'"));
+                None
+            }
+        },
+    };
     let mut knobs = profile_knobs(profile, env, problems)?;
     knobs.gpu_memory_gib = gib?;
+    if let Some(layout) = layout? {
+        knobs.actor = layout;
+    }
     Some(knobs)
+}
+
+/// What trains, parsed from the `actor` knob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActorLayout {
+    /// burn, in the `arena-rl train` process, on the trainer node's first GPU or its CPU.
+    Burn,
+    /// The FSDP2 worker (`actor.backend: fsdp2`) over this many data-parallel ranks, one a GPU (or CPU
+    /// processes on nodes without GPUs).
+    Fsdp2 { ranks: u32 },
+}
+
+/// Parses an actor layout: `burn`, `burn:cpu` or `burn:1gpu`, or `fsdp2:dN` with optional `p1` and `t1` (the
+/// reference's notation; FSDP2 shards over data-parallel ranks only). `Err` says what is wrong, for a line
+/// that names the variable.
+pub(crate) fn parse_actor(layout: &str) -> Result<ActorLayout, String> {
+    const WANT: &str =
+        "must be burn, burn:cpu, burn:1gpu or fsdp2:dN (N data-parallel ranks; p1 and t1 may follow)";
+    if matches!(layout, "burn" | "burn:cpu" | "burn:1gpu") {
+        return Ok(ActorLayout::Burn);
+    }
+    let Some(spec) = layout.strip_prefix("fsdp2:") else {
+        return Err(WANT.into());
+    };
+    let (mut d, mut p, mut t) = (None, None, None);
+    let mut rest = spec;
+    while let Some(letter) = rest.chars().next() {
+        let digits = rest[letter.len_utf8()..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        let n: u32 = match rest[letter.len_utf8()..letter.len_utf8() + digits].parse() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(WANT.into()),
+        };
+        let slot = match letter {
+            'd' => &mut d,
+            'p' => &mut p,
+            't' => &mut t,
+            _ => return Err(WANT.into()),
+        };
+        if slot.replace(n).is_some() {
+            return Err(WANT.into());
+        }
+        rest = &rest[letter.len_utf8() + digits..];
+    }
+    if p.unwrap_or(1) != 1 || t.unwrap_or(1) != 1 {
+        return Err(
+            "asks for pipeline or tensor parallelism, which the FSDP2 trainer does not have (only p1t1)"
+                .into(),
+        );
+    }
+    match d {
+        Some(ranks) if ranks <= 4096 => Ok(ActorLayout::Fsdp2 { ranks }),
+        Some(_) => Err("must have at most 4096 data-parallel ranks".into()),
+        None => Err(WANT.into()),
+    }
 }
 
 fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option<Knobs> {
@@ -139,8 +211,8 @@ fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option
         }),
         Profile::Grpo => Some(Knobs {
             nodes: 2,
-            // The reference trains with FSDP `d8p1t1`; burn trains on the trainer node's first GPU.
-            actor: "burn:1gpu".into(),
+            // The reference trains with FSDP `d8p1t1`: the FSDP2 worker over the trainer node's 8 GPUs.
+            actor: "fsdp2:d8p1t1".into(),
             rollout: "sglang:d4p1t2".into(),
             context: 32768,
             max_tokens: 32767,
@@ -198,7 +270,8 @@ fn flash_v3(env: &Env, problems: &mut Problems) -> Option<Knobs> {
         .expect("N_NODES was checked against the table");
     Some(Knobs {
         nodes,
-        // The reference trains with the table's Megatron layout; burn trains on the trainer node's first GPU.
+        // The reference trains with the table's Megatron layout (MoE experts, tensor and context parallelism),
+        // which neither trainer has; burn trains on the trainer node's first GPU.
         actor: "burn:1gpu".into(),
         rollout: (*rollout).into(),
         context,
@@ -239,7 +312,9 @@ fn is_decimal(s: &str) -> bool {
 
 /// Where the GPU job's `arena-rl` roles run.
 ///
-/// burn trains on one node today (rank 0 runs `arena-rl train`: the loop, the rollout proxy and the trainer).
+/// The first node runs `arena-rl train` (the loop and the rollout proxy; with burn, the trainer too). An
+/// `fsdp2:dN` actor adds the FSDP2 worker: `torchrun` over the first `trainer_nodes` nodes with
+/// `trainer_ranks_per_node` ranks each (one a GPU), whose rank 0 the loop attaches to.
 /// The rollout layout `sglang:dDtTpP` becomes D `arena-rl serve-policy` replicas with T x P GPUs each, packed
 /// onto whole nodes after the trainer's; the trainer reaches them through `rollout.policy_servers`.
 /// Without a rollout layout (`in-process`) the policy is served inside the trainer.
@@ -247,6 +322,12 @@ fn is_decimal(s: &str) -> bool {
 pub(crate) struct Placement {
     /// GPUs each node of the GPU job asks for (`--gres=gpu:N`); 0 asks for none.
     pub(crate) gpus_per_node: u32,
+    /// What trains.
+    pub(crate) actor: ActorLayout,
+    /// Nodes that train: 1 for burn; for FSDP2 the nodes its ranks fill (the first runs the loop too).
+    pub(crate) trainer_nodes: u32,
+    /// FSDP2 ranks `torchrun` starts on each trainer node (0 for burn).
+    pub(crate) trainer_ranks_per_node: u32,
     /// Nodes that run `arena-rl serve-policy` replicas.
     pub(crate) serve_nodes: u32,
     /// `serve-policy` replicas on each of those nodes.
@@ -256,9 +337,18 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
-    /// Nodes the GPU job allocates: the trainer's one, then the policy servers'.
+    /// Nodes the GPU job allocates: the trainer's, then the policy servers'.
     pub(crate) fn job_nodes(&self) -> u32 {
-        1 + self.serve_nodes
+        self.trainer_nodes + self.serve_nodes
+    }
+
+    /// The `actor` knob as it runs: `burn:cpu` or `burn:1gpu` by the nodes' GPUs, `fsdp2:dNp1t1`.
+    pub(crate) fn actor_name(&self) -> String {
+        match self.actor {
+            ActorLayout::Burn if self.gpus_per_node == 0 => "burn:cpu".into(),
+            ActorLayout::Burn => "burn:1gpu".into(),
+            ActorLayout::Fsdp2 { ranks } => format!("fsdp2:d{ranks}p1t1"),
+        }
     }
 }
 
@@ -300,35 +390,50 @@ pub(crate) fn placement(
         0..=64,
         "an integer from 0 to 64",
     )?;
-    if knobs.rollout == "in-process" {
-        return Some(Placement {
-            gpus_per_node,
-            serve_nodes: 0,
-            replicas_per_node: 0,
-            gpus_per_replica: 0,
-        });
-    }
-    let (replicas, per_replica) =
-        parse_sglang(&knobs.rollout).expect("profile rollout layouts are well formed");
-    if gpus_per_node == 0 || gpus_per_node % per_replica != 0 {
-        problems.push(format!(
-            "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {} ({replicas} replicas of {per_replica} GPUs each)",
-            knobs.rollout
-        ));
-        return None;
-    }
-    let replicas_per_node = (gpus_per_node / per_replica).min(replicas);
-    if replicas % replicas_per_node != 0 {
-        problems.push(format!(
-            "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {}: {replicas} replicas do not fill whole nodes of {replicas_per_node}",
-            knobs.rollout
-        ));
-        return None;
-    }
+    // The rollout layout first: its problems are the ones the reference's scripts report.
+    let (serve_nodes, replicas_per_node, gpus_per_replica) = if knobs.rollout == "in-process" {
+        (0, 0, 0)
+    } else {
+        let (replicas, per_replica) =
+            parse_sglang(&knobs.rollout).expect("profile rollout layouts are well formed");
+        if gpus_per_node == 0 || gpus_per_node % per_replica != 0 {
+            problems.push(format!(
+                "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {} ({replicas} replicas of {per_replica} GPUs each)",
+                knobs.rollout
+            ));
+            return None;
+        }
+        let replicas_per_node = (gpus_per_node / per_replica).min(replicas);
+        if replicas % replicas_per_node != 0 {
+            problems.push(format!(
+                "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {}: {replicas} replicas do not fill whole nodes of {replicas_per_node}",
+                knobs.rollout
+            ));
+            return None;
+        }
+        (replicas / replicas_per_node, replicas_per_node, per_replica)
+    };
+    let actor = parse_actor(&knobs.actor).expect("actor layouts are checked when read");
+    let (trainer_nodes, trainer_ranks_per_node) = match actor {
+        ActorLayout::Burn => (1, 0),
+        // Without GPUs (a CPU profile) every rank runs on the one trainer node.
+        ActorLayout::Fsdp2 { ranks } if gpus_per_node == 0 || ranks <= gpus_per_node => (1, ranks),
+        ActorLayout::Fsdp2 { ranks } if ranks % gpus_per_node == 0 => (ranks / gpus_per_node, gpus_per_node),
+        ActorLayout::Fsdp2 { ranks } => {
+            problems.push(format!(
+                "N_GPUS_PER_NODE={gpus_per_node} does not fit the actor layout {}: {ranks} ranks do not fill whole nodes of {gpus_per_node} GPUs",
+                knobs.actor
+            ));
+            return None;
+        }
+    };
     Some(Placement {
         gpus_per_node,
-        serve_nodes: replicas / replicas_per_node,
+        actor,
+        trainer_nodes,
+        trainer_ranks_per_node,
+        serve_nodes,
         replicas_per_node,
-        gpus_per_replica: per_replica,
+        gpus_per_replica,
     })
 }

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use super::Mode;
-use super::profile::{Placement, Profile};
+use super::profile::{ActorLayout, Placement, Profile};
 use super::validate::Launch;
 
 const CONTROLLER: &str = include_str!("templates/controller.sh");
@@ -51,6 +51,9 @@ pub(crate) fn render(l: &Launch) -> Scripts {
         ("tasks_per_node", l.placement.replicas_per_node.max(1).to_string()),
         ("placement", placement(l)),
         ("gpus_per_replica", l.placement.gpus_per_replica.to_string()),
+        ("trainer_nodes", l.placement.trainer_nodes.to_string()),
+        ("trainer_ranks_per_node", worker_ranks(l).unwrap_or(0).to_string()),
+        ("worker_ready_seconds", l.run.worker_ready_seconds.to_string()),
         ("server_device", server_device(l).into()),
         ("server_dtype", server_dtype(l).into()),
         ("train_args", train_args(l)),
@@ -94,10 +97,30 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         "proxy.host=0.0.0.0".to_string(),
     ];
     o.extend(device_overrides(&l.placement));
+    if let Some(ranks) = worker_ranks(l) {
+        // The loop attaches to the worker the job starts (`actor.fsdp2.attach`, set when the job runs).
+        o.push("actor.backend=fsdp2".to_string());
+        o.push(format!("actor.fsdp2.nproc_per_node={ranks}"));
+        if l.placement.gpus_per_node > 0 {
+            // FSDP2's GPU precision (bf16 parameters and activations, f32 master weights and reduction) and
+            // activation checkpointing, as the fit check assumes.
+            o.push("actor.bf16_autocast=true".to_string());
+            o.push("actor.recompute_layers=true".to_string());
+        }
+    }
     if let Some(d) = &l.dataset_config {
         o.push(format!("econfig.arena_streams_file={}", d.display()));
     }
     o
+}
+
+/// The FSDP2 worker's ranks on each trainer node, when the job starts one: an `fsdp2:` actor that trains
+/// (`--rollout-only` trains nothing, so it starts no worker).
+pub(crate) fn worker_ranks(l: &Launch) -> Option<u32> {
+    match l.placement.actor {
+        ActorLayout::Fsdp2 { .. } if l.rollout_only.is_none() => Some(l.placement.trainer_ranks_per_node),
+        _ => None,
+    }
 }
 
 /// Training steps, or with `--rollout-only N` the steps of `batch` x `samples` rollouts that make at least N.
@@ -115,7 +138,12 @@ pub(crate) fn device_overrides(p: &Placement) -> Vec<String> {
     if p.gpus_per_node == 0 {
         return Vec::new();
     }
-    let mut o = vec!["actor.device=cuda:0".to_string()];
+    // burn trains on the first GPU; the FSDP2 worker on every GPU of its ranks.
+    let actor = match p.actor {
+        ActorLayout::Burn => "actor.device=cuda:0",
+        ActorLayout::Fsdp2 { .. } => "actor.device=cuda",
+    };
+    let mut o = vec![actor.to_string()];
     if p.serve_nodes == 0 {
         let policy = u32::from(p.gpus_per_node >= 2);
         o.push(format!("model.device=cuda:{policy}"));
@@ -158,6 +186,7 @@ fn common(l: &Launch) -> Vec<(&'static str, String)> {
 /// The variables both scripts export before anything else (and again after sourcing the credentials file).
 pub(crate) fn launch_env(l: &Launch) -> Vec<(&'static str, String)> {
     let path = |p: &std::path::Path| Some(p.display().to_string());
+    let fsdp2 = worker_ranks(l).is_some();
     let values: Vec<(&'static str, Option<String>)> = vec![
         ("AREAL_DIR", path(&l.areal_dir)),
         ("CONFIG_PATH", path(&l.config)),
@@ -185,6 +214,20 @@ pub(crate) fn launch_env(l: &Launch) -> Vec<(&'static str, String)> {
         ("SBATCH_TIMELIMIT", Some(l.worker_time.clone())),
         ("DATASET_CONFIG", l.dataset_config.as_deref().and_then(path)),
         ("ARENA_POLICY_PORT", Some(l.policy_port.to_string())),
+        (
+            "TRAINER_IMAGE",
+            fsdp2.then(|| l.trainer_image.as_deref().and_then(path)).flatten(),
+        ),
+        ("ARENA_RL_TRAINER_PORT", fsdp2.then(|| l.trainer_port.to_string())),
+        ("ARENA_RL_RDZV_PORT", fsdp2.then(|| l.rdzv_port.to_string())),
+        (
+            "ARENA_RL_TRAINER_PYTHON",
+            fsdp2.then(|| l.run.worker_python.clone()),
+        ),
+        (
+            "ARENA_RUN_DIR",
+            fsdp2.then(|| l.run.run_dir.display().to_string()),
+        ),
         ("ARENA_SUPERVISE_INTERVAL", Some(l.supervise_interval.to_string())),
         ("SLURM_EXPORT_ENV", Some("ALL".into())),
     ];
@@ -228,12 +271,6 @@ fn placement(l: &Launch) -> String {
     } else {
         devices
     };
-    if p.serve_nodes == 0 {
-        return format!(
-            "# Placement: one node runs `arena-rl train`: the loop, the rollout proxy and the policy, served\n\
-             # in-process ({devices})."
-        );
-    }
     let plural = |n: u32, one: &str, many: &str| {
         if n == 1 {
             format!("{n} {one}")
@@ -241,9 +278,36 @@ fn placement(l: &Launch) -> String {
             format!("{n} {many}")
         }
     };
+    let worker = worker_ranks(l).map(|ranks| {
+        format!(
+            "\n# The FSDP2 worker (actor {}): torchrun on the first {}, {} each ({}); the loop attaches to\n\
+             # its rank 0.",
+            p.actor_name(),
+            plural(p.trainer_nodes, "node", "nodes"),
+            plural(ranks, "rank", "ranks"),
+            if p.gpus_per_node == 0 {
+                "CPU processes over gloo, in f32"
+            } else {
+                "one a GPU"
+            },
+        )
+    });
+    let trainer = if worker.is_some() {
+        "the loop and the rollout proxy"
+    } else {
+        "the loop, the rollout proxy and the trainer"
+    };
+    let worker = worker.unwrap_or_default();
+    if p.serve_nodes == 0 {
+        return format!(
+            "# Placement: one node runs `arena-rl train`: {trainer}, with\n\
+             # the policy served in-process ({devices}).{worker}"
+        );
+    }
     format!(
-        "# Placement: the first node runs `arena-rl train` (the loop, the rollout proxy and the trainer); the\n\
-         # other {} each run {} of {} (burn uses the first; docs/slurm.md); {devices}.",
+        "# Placement: the first node runs `arena-rl train` ({trainer}); the\n\
+         # {} {} each run {} of {} (burn uses the first; docs/slurm.md); {devices}.{worker}",
+        if p.trainer_nodes == 1 { "other" } else { "last" },
         plural(p.serve_nodes, "node", "nodes"),
         plural(
             p.replicas_per_node,
@@ -285,6 +349,9 @@ fn preflight(l: &Launch) -> String {
 fn train_args(l: &Launch) -> String {
     let mut args: Vec<String> = profile_overrides(l).iter().map(|o| quote(o)).collect();
     args.push("\"rollout.policy_servers=[$ARENA_POLICY_SERVERS]\"".into());
+    if worker_ranks(l).is_some() {
+        args.push("\"actor.fsdp2.attach=$ARENA_TRAINER_ATTACH\"".into());
+    }
     args.extend(l.overrides.iter().map(|o| quote(o)));
     let indent = "                ";
     args.iter()

@@ -472,6 +472,18 @@ fn bad_overrides_are_refused_and_credentials_are_not_echoed() {
             "override 'cluster.n_gpus_per_node' would contradict the job's allocation, which the profile sets from N_NODES and N_GPUS_PER_NODE: set those instead",
         ),
         (
+            "actor.backend=fsdp2",
+            "override 'actor.backend' would contradict the actor layout the GPU job starts: set ACTOR_LAYOUT (burn or fsdp2:dN) instead",
+        ),
+        (
+            "actor.fsdp2.attach=node1:8471",
+            "override 'actor.fsdp2.attach' would contradict the actor layout the GPU job starts: set ACTOR_LAYOUT (burn or fsdp2:dN) instead",
+        ),
+        (
+            "actor.fsdp2.nproc_per_node=4",
+            "override 'actor.fsdp2.nproc_per_node' would contradict the actor layout the GPU job starts: set ACTOR_LAYOUT (burn or fsdp2:dN) instead",
+        ),
+        (
             "experiment_name=a\nb",
             "override 'experiment_name' must not contain control characters",
         ),
@@ -574,6 +586,215 @@ fn sglang_layouts_place_replicas_on_whole_nodes() {
     }
     // Flash V3 serves d replicas of t4 GPUs: two per 8-GPU node, on N_NODES nodes, after the trainer's one.
     assert_eq!(seen, [(3, 2, 2, 4), (5, 4, 2, 4), (9, 8, 2, 4), (17, 16, 2, 4)]);
+}
+
+/// `ACTOR_LAYOUT` and the profiles' actors: burn trains in the loop's process on one node; `fsdp2:dN` fills
+/// whole trainer nodes with N ranks (all on one node without GPUs); anything else is one line naming it.
+#[test]
+fn actor_layouts_place_the_fsdp2_worker_on_whole_trainer_nodes() {
+    use profile::ActorLayout::{Burn, Fsdp2};
+    for (layout, want) in [
+        ("burn", Ok(Burn)),
+        ("burn:1gpu", Ok(Burn)),
+        ("burn:cpu", Ok(Burn)),
+        ("fsdp2:d8", Ok(Fsdp2 { ranks: 8 })),
+        ("fsdp2:d8p1t1", Ok(Fsdp2 { ranks: 8 })),
+        ("fsdp2:t1d16", Ok(Fsdp2 { ranks: 16 })),
+    ] {
+        assert_eq!(profile::parse_actor(layout), want, "{layout}");
+    }
+    for bad in [
+        "fsdp:d8p1t1",
+        "fsdp2:",
+        "fsdp2:d0",
+        "fsdp2:d8d8",
+        "fsdp2:x2",
+        "megatron:d2",
+        "fsdp2:p1",
+    ] {
+        assert!(profile::parse_actor(bad).is_err(), "{bad}");
+    }
+    check(
+        Profile::Grpo,
+        &[("ACTOR_LAYOUT", Some("fsdp2:d8t2"))],
+        &[],
+        &[
+            "ACTOR_LAYOUT asks for pipeline or tensor parallelism, which the FSDP2 trainer does not have (only p1t1), got 'fsdp2:d8t2'",
+        ],
+    );
+    check(
+        Profile::Grpo,
+        &[("ACTOR_LAYOUT", Some("fsdp:d8p1t1"))],
+        &[],
+        &[
+            "ACTOR_LAYOUT must be burn, burn:cpu, burn:1gpu or fsdp2:dN (N data-parallel ranks; p1 and t1 may follow), got 'fsdp:d8p1t1'",
+        ],
+    );
+    check(
+        Profile::Grpo,
+        &[("ACTOR_LAYOUT", Some("fsdp2:d12"))],
+        &[],
+        &[
+            "N_GPUS_PER_NODE=8 does not fit the actor layout fsdp2:d12: 12 ranks do not fill whole nodes of 8 GPUs",
+        ],
+    );
+
+    let site = Site::new();
+    let placed = |profile, changes: &[Change<'_>]| {
+        let l = site.launch(profile, Mode::Submit, changes, &[]).expect("valid");
+        let p = l.placement;
+        (
+            l.knobs.actor.clone(),
+            p.trainer_nodes,
+            p.trainer_ranks_per_node,
+            p.serve_nodes,
+            p.job_nodes(),
+        )
+    };
+    // grpo runs the reference's FSDP d8p1t1 on the trainer node's 8 GPUs, then 2 nodes of SGLang d4t2.
+    assert_eq!(placed(Profile::Grpo, &[]), ("fsdp2:d8p1t1".into(), 1, 8, 1, 2));
+    assert_eq!(
+        placed(Profile::Grpo, &[("ACTOR_LAYOUT", Some("fsdp2:d16"))]),
+        ("fsdp2:d16p1t1".into(), 2, 8, 1, 3)
+    );
+    assert_eq!(
+        placed(Profile::Grpo, &[("ACTOR_LAYOUT", Some("fsdp2:d4"))]),
+        ("fsdp2:d4p1t1".into(), 1, 4, 1, 2)
+    );
+    assert_eq!(
+        placed(Profile::Grpo, &[("ACTOR_LAYOUT", Some("burn"))]),
+        ("burn:1gpu".into(), 1, 0, 1, 2)
+    );
+    assert_eq!(placed(Profile::Local, &[]), ("burn:cpu".into(), 1, 0, 0, 1));
+    assert_eq!(
+        placed(Profile::Local, &[("ACTOR_LAYOUT", Some("fsdp2:d2"))]),
+        ("fsdp2:d2p1t1".into(), 1, 2, 0, 1)
+    );
+    assert_eq!(
+        placed(Profile::FlashV3, &[("N_NODES", Some("2"))]),
+        ("burn:1gpu".into(), 1, 0, 2, 3)
+    );
+}
+
+/// An `fsdp2:` actor renders the worker's step (torchrun over the trainer nodes with c10d rendezvous on the
+/// first, rank 0 listening for the loop, the job's own key in the environment only) and the overrides that
+/// point the loop at it; `--rollout-only` trains nothing and starts no worker.
+#[test]
+fn an_fsdp2_actor_starts_the_worker_and_points_the_loop_at_rank_0() {
+    let site = Site::new();
+    let mut l = site
+        .launch(
+            Profile::Local,
+            Mode::Submit,
+            &[("ACTOR_LAYOUT", Some("fsdp2:d2"))],
+            &[],
+        )
+        .expect("valid");
+    let (_, train) = site.scripts(&l);
+    for want in [
+        "trainer_nodes=1\ntrainer_ranks_per_node=2\n",
+        "    export ARENA_RL_TRAINER_PORT=29510\n",
+        "    export ARENA_RL_RDZV_PORT=29400\n",
+        "    export ARENA_RL_TRAINER_PYTHON=python3\n",
+        "exec \"$ARENA_RL_TRAINER_PYTHON\" -m torch.distributed.run --nnodes \"$trainer_nodes\"",
+        "--rdzv-backend c10d",
+        "--listen \"0.0.0.0:$ARENA_RL_TRAINER_PORT\" --run-dir \"$ARENA_RUN_DIR\"",
+        "\"actor.fsdp2.attach=$ARENA_TRAINER_ATTACH\"",
+        "--step fsdp2-worker",
+        "export ARENA_RL_TRAINER_DEVICE=cpu",
+    ] {
+        assert!(train.contains(want), "{want:?} missing from:\n{train}");
+    }
+    // The key is drawn when the job runs and passed in the environment; no line of the script sets it to a
+    // value or passes it as an argument.
+    assert!(
+        train.contains("ARENA_RL_TRAINER_API_KEY=\"$(od -An -N32 -tx1 /dev/urandom"),
+        "{train}"
+    );
+    for line in train.lines().filter(|l| l.contains("ARENA_RL_TRAINER_API_KEY")) {
+        let line = line.trim();
+        assert!(
+            line.starts_with('#')
+                || line.starts_with("if [[ -z \"${ARENA_RL_TRAINER_API_KEY:-}\" ]]")
+                || line.starts_with("ARENA_RL_TRAINER_API_KEY=\"$(od ")
+                || line == "export ARENA_RL_TRAINER_API_KEY"
+                || line.starts_with("echo \"train: ARENA_RL_TRAINER_API_KEY is not set"),
+            "{line}"
+        );
+    }
+    let overrides = render::profile_overrides(&l);
+    for want in ["actor.backend=fsdp2", "actor.fsdp2.nproc_per_node=2"] {
+        assert!(overrides.contains(&want.to_string()), "{overrides:?}");
+    }
+    // The run config applied: the worker's Python and the run folder come from it.
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let config = checkout.join(Profile::Local.default_config());
+    let env: Env = site.env().into_iter().collect();
+    let mut l2 = site
+        .launch(
+            Profile::Local,
+            Mode::Submit,
+            &[
+                ("ACTOR_LAYOUT", Some("fsdp2:d2")),
+                ("CONFIG_PATH", Some(config.to_str().expect("utf-8"))),
+                ("TRIAL_NAME", Some("t1")),
+            ],
+            &["actor.fsdp2.python=/opt/torch/bin/python"],
+        )
+        .expect("valid");
+    let loaded = check_config(&l2, &env).unwrap_or_else(|p| panic!("{}", p.lines().join("\n")));
+    l2.apply_config(&loaded);
+    assert_eq!(l2.run.worker_python, "/opt/torch/bin/python");
+    assert_eq!(l2.run.run_dir, site.root.join("runs/arena-local/t1"));
+    let (_, train) = site.scripts(&l2);
+    assert!(
+        train.contains("    export ARENA_RUN_DIR=/shared/runs/arena-local/t1\n"),
+        "{train}"
+    );
+
+    // On GPU nodes: every GPU of the node, bf16 with f32 masters, activation checkpointing.
+    let g = site.launch(Profile::Grpo, Mode::Submit, &[], &[]).expect("valid");
+    let overrides = render::profile_overrides(&g);
+    for want in [
+        "actor.device=cuda",
+        "actor.backend=fsdp2",
+        "actor.fsdp2.nproc_per_node=8",
+        "actor.bf16_autocast=true",
+        "actor.recompute_layers=true",
+    ] {
+        assert!(overrides.contains(&want.to_string()), "{want}: {overrides:?}");
+    }
+
+    l.rollout_only = Some(4);
+    let (_, rollout) = site.scripts(&l);
+    assert!(rollout.contains("trainer_ranks_per_node=0\n"), "{rollout}");
+    assert!(!rollout.contains("actor.fsdp2.attach"), "{rollout}");
+    assert!(!render::profile_overrides(&l).contains(&"actor.backend=fsdp2".to_string()));
+}
+
+/// A config that trains with FSDP2 under a burn actor would start a worker the job did not place: refused,
+/// pointing at ACTOR_LAYOUT.
+#[test]
+fn an_fsdp2_config_under_a_burn_actor_is_refused() {
+    let site = Site::new();
+    let config = site.root.join("fsdp2.yaml");
+    write(&config, "experiment_name: x\nactor:\n  backend: fsdp2\n");
+    let l = site
+        .launch(
+            Profile::Local,
+            Mode::Submit,
+            &[("CONFIG_PATH", Some(config.to_str().expect("utf-8")))],
+            &[],
+        )
+        .expect("valid");
+    let env: Env = site.env().into_iter().collect();
+    let err = check_config(&l, &env).expect_err("refused").lines().join("\n");
+    assert!(
+        err.ends_with("sets actor.backend: fsdp2, but the local profile's actor is burn:cpu: set ACTOR_LAYOUT=fsdp2:dN (N ranks) to have the job start the FSDP2 worker"),
+        "{err}"
+    );
 }
 
 fn snapshot(site: &Site, launch: &Launch) -> String {
@@ -679,7 +900,9 @@ fn rendered_scripts_are_valid_bash_and_hold_no_credential() {
     ];
     for (profile, extra) in [
         (Profile::Local, None),
+        (Profile::Local, Some(("ACTOR_LAYOUT", Some("fsdp2:d2")))),
         (Profile::Grpo, None),
+        (Profile::Grpo, Some(("ACTOR_LAYOUT", Some("fsdp2:d16")))),
         (Profile::FlashV3, Some(("N_NODES", Some("2")))),
         (Profile::FlashV3, Some(("N_NODES", Some("16")))),
     ] {

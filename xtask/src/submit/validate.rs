@@ -48,6 +48,8 @@ pub(crate) struct Launch {
     pub(crate) image: Option<PathBuf>,
     /// The image of the `serve-policy` steps (`ROLLOUT_IMAGE`, default the image).
     pub(crate) rollout_image: Option<PathBuf>,
+    /// The image of the FSDP2 worker's step (`TRAINER_IMAGE`, default the image).
+    pub(crate) trainer_image: Option<PathBuf>,
     pub(crate) controller_mounts: Option<String>,
     pub(crate) worker_mounts: Option<String>,
     pub(crate) model: PathBuf,
@@ -66,6 +68,13 @@ pub(crate) struct Launch {
     pub(crate) stream_id: Option<String>,
     pub(crate) openapi_base: Option<String>,
     pub(crate) policy_port: u16,
+    /// The port the FSDP2 worker's rank 0 serves the protocol on (`ARENA_RL_TRAINER_PORT`).
+    pub(crate) trainer_port: u16,
+    /// The port of `torchrun`'s c10d rendezvous on the first trainer node (`ARENA_RL_RDZV_PORT`).
+    pub(crate) rdzv_port: u16,
+    /// What the run config says about the run (its folder, the worker's Python); [`Launch::apply_config`]
+    /// sets it from the loaded config.
+    pub(crate) run: RunFacts,
     /// Seconds between the controller's looks at the GPU job.
     pub(crate) supervise_interval: u32,
     /// The user's dotted `key=value` overrides, after the profile's own.
@@ -75,6 +84,42 @@ pub(crate) struct Launch {
     /// Where and when this was rendered (for the scripts' header).
     pub(crate) host: String,
     pub(crate) timestamp: String,
+}
+
+/// What the FSDP2 worker's step needs from the run config the job will load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunFacts {
+    /// The run's folder, `cluster.fileroot/experiment_name/trial_name`: the worker refuses paths outside it.
+    pub(crate) run_dir: PathBuf,
+    /// The Python that runs `torch.distributed.run` (`actor.fsdp2.python`).
+    pub(crate) worker_python: String,
+    /// Seconds the worker may take to listen (`actor.fsdp2.ready_timeout_seconds`, whole seconds).
+    pub(crate) worker_ready_seconds: u64,
+}
+
+impl RunFacts {
+    fn of(config: &stream_config::RunConfig) -> Self {
+        Self {
+            run_dir: Path::new(&config.cluster.fileroot)
+                .join(&config.experiment_name)
+                .join(&config.trial_name),
+            worker_python: config.actor.fsdp2.python.clone(),
+            worker_ready_seconds: config
+                .actor
+                .fsdp2
+                .ready_timeout_seconds
+                .duration()
+                .as_secs()
+                .max(1),
+        }
+    }
+}
+
+impl Launch {
+    /// Takes the run's folder and the worker's Python from the loaded run config (`check_config`'s).
+    pub(crate) fn apply_config(&mut self, config: &stream_config::RunConfig) {
+        self.run = RunFacts::of(config);
+    }
 }
 
 /// Reads only what `--print-profile` needs: the profile's knobs, with no path checks.
@@ -88,6 +133,7 @@ pub(crate) fn profile_knobs(profile: Profile, env: &Env) -> Result<Knobs, Proble
     match (knobs, placement) {
         (Some(mut k), Some(placement)) if problems.len() == 0 => {
             k.nodes = placement.job_nodes();
+            k.actor = placement.actor_name();
             Ok(k)
         }
         _ => Err(problems),
@@ -107,6 +153,12 @@ pub(crate) fn validate(
     let placement = knobs
         .as_ref()
         .and_then(|k| profile::placement(profile, k, env, &mut p));
+    let knobs = knobs.map(|mut k| {
+        if let Some(pl) = &placement {
+            k.actor = pl.actor_name();
+        }
+        k
+    });
 
     let areal_dir = match env.get("AREAL_DIR") {
         Some(dir) => absolute(&mut p, "AREAL_DIR", dir),
@@ -151,6 +203,12 @@ pub(crate) fn validate(
     let rollout_image = match env.get("ROLLOUT_IMAGE") {
         Some(s) if containerised => {
             absolute(&mut p, "ROLLOUT_IMAGE", s).inspect(|i| readable(&mut p, "ROLLOUT_IMAGE", i))
+        }
+        _ => image.clone(),
+    };
+    let trainer_image = match env.get("TRAINER_IMAGE") {
+        Some(s) if containerised => {
+            absolute(&mut p, "TRAINER_IMAGE", s).inspect(|i| readable(&mut p, "TRAINER_IMAGE", i))
         }
         _ => image.clone(),
     };
@@ -297,6 +355,30 @@ pub(crate) fn validate(
         ));
     }
 
+    let trainer_port = int_var(
+        &mut p,
+        env,
+        "ARENA_RL_TRAINER_PORT",
+        29510_u16,
+        1024..=65535,
+        "a port from 1024 to 65535",
+    );
+    let rdzv_port = int_var(
+        &mut p,
+        env,
+        "ARENA_RL_RDZV_PORT",
+        29400_u16,
+        1024..=65535,
+        "a port from 1024 to 65535",
+    );
+    if let (Some(t), Some(r)) = (trainer_port, rdzv_port)
+        && t == r
+    {
+        p.push(format!(
+            "ARENA_RL_TRAINER_PORT and ARENA_RL_RDZV_PORT must differ, both are {t}"
+        ));
+    }
+
     let supervise_interval = int_var(
         &mut p,
         env,
@@ -331,6 +413,11 @@ pub(crate) fn validate(
     }
     let fileroot = fileroot.expect("checked above");
     let submission_dir = fileroot.join("submissions").join(&trial);
+    // The schema's defaults until `apply_config` reads the run config.
+    let mut defaults = stream_config::RunConfig::default();
+    defaults.cluster.fileroot = fileroot.display().to_string();
+    defaults.trial_name.clone_from(&trial);
+    let run = RunFacts::of(&defaults);
     Ok(Launch {
         profile,
         mode,
@@ -342,6 +429,7 @@ pub(crate) fn validate(
         container_bin: container_bin.to_string(),
         image,
         rollout_image,
+        trainer_image,
         controller_mounts,
         worker_mounts,
         model: model.expect("checked above"),
@@ -359,6 +447,9 @@ pub(crate) fn validate(
         stream_id,
         openapi_base,
         policy_port: policy_port.expect("checked above"),
+        trainer_port: trainer_port.expect("checked above"),
+        rdzv_port: rdzv_port.expect("checked above"),
+        run,
         supervise_interval: supervise_interval.expect("checked above"),
         overrides: overrides.to_vec(),
         rollout_only: None,
@@ -507,6 +598,14 @@ const STREAM_KEYS: [&str; 4] = [
 /// run believe in nodes or GPUs the job does not have.
 const PLACEMENT_KEYS: [&str; 2] = ["cluster.n_nodes", "cluster.n_gpus_per_node"];
 
+/// Keys the profile sets from its actor layout (`ACTOR_LAYOUT`): the backend, and where and how many FSDP2
+/// ranks run, which the GPU job starts itself.
+const ACTOR_KEYS: [&str; 3] = [
+    "actor.backend",
+    "actor.fsdp2.attach",
+    "actor.fsdp2.nproc_per_node",
+];
+
 /// A user override: `dotted.key=value`, never a credential (those come from the credentials file only).
 fn check_override(p: &mut Problems, o: &str) {
     let Some((key, value)) = o.split_once('=') else {
@@ -533,6 +632,10 @@ fn check_override(p: &mut Problems, o: &str) {
     } else if PLACEMENT_KEYS.contains(&key) {
         p.push(format!(
             "override '{key}' would contradict the job's allocation, which the profile sets from N_NODES and N_GPUS_PER_NODE: set those instead"
+        ));
+    } else if ACTOR_KEYS.contains(&key) {
+        p.push(format!(
+            "override '{key}' would contradict the actor layout the GPU job starts: set ACTOR_LAYOUT (burn or fsdp2:dN) instead"
         ));
     } else if value.chars().any(char::is_control) {
         p.push(format!("override '{key}' must not contain control characters"));

@@ -269,11 +269,10 @@ fn the_trainers_estimate_refuses_what_cannot_train() {
         "{stderr}"
     );
 
-    let out = run(
-        &launch,
-        &["submit", "--dry-run", "--profile", "grpo"],
-        &with_model("qwen3-8b"),
-    );
+    // burn trains on one GPU: the Qwen3-8B shape's state alone does not fit.
+    let mut burn = with_model("qwen3-8b");
+    burn.push(("ACTOR_LAYOUT", "burn".into()));
+    let out = run(&launch, &["submit", "--dry-run", "--profile", "grpo"], &burn);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -284,7 +283,7 @@ fn the_trainers_estimate_refuses_what_cannot_train() {
         "{stderr}"
     );
     // The limit is the profile's setting.
-    let mut big_gpu = with_model("qwen3-8b");
+    let mut big_gpu = burn.clone();
     big_gpu.push(("GPU_MEMORY_GIB", "4096".into()));
     let out = run(&launch, &["submit", "--dry-run", "--profile", "grpo"], &big_gpu);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -295,5 +294,108 @@ fn the_trainers_estimate_refuses_what_cannot_train() {
         &with_model("small"),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(is_empty_dir(&launch.path("runs")));
+}
+
+/// The real binary's `model estimate --fsdp2-gpus N`: one GPU of an FSDP2 layout. The Qwen3-8B shape at 32k
+/// tokens with activation checkpointing fits an 80 GB GPU sharded over 8 GPUs, and not on 1.
+#[test]
+fn the_estimate_gives_one_gpu_of_an_fsdp2_layout() {
+    let (arena_rl, _) = crate::slurm::binaries();
+    let estimate = |args: &[&str]| {
+        let out = Command::new(&arena_rl)
+            .args(["model", "estimate", "--shape", "qwen3-8b", "--tokens", "32768"])
+            .args(args)
+            .output()
+            .expect("arena-rl runs");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend(args);
+        serde_json::from_str(&estimate(&all)).expect("one JSON object")
+    };
+    const GB80: u64 = 80_000_000_000;
+    let eight = json(&["--fsdp2-gpus", "8"]);
+    let one = json(&["--fsdp2-gpus", "1"]);
+    let f = &eight["fsdp2"];
+    assert_eq!(
+        (f["gpus"].as_u64(), f["compute_dtype"].as_str()),
+        (Some(8), Some("bf16")),
+        "{eight}"
+    );
+    let bytes = |v: &serde_json::Value, key: &str| v["fsdp2"][key].as_u64().expect("a byte count");
+    assert!(bytes(&eight, "gpu_bytes_recompute") < GB80, "{eight}");
+    assert!(bytes(&one, "gpu_bytes_recompute") > GB80, "{one}");
+    // The state is sharded: an eighth of about 131 GB a GPU.
+    let state = eight["state_bytes"].as_u64().expect("state_bytes");
+    assert_eq!(bytes(&eight, "sharded_state_bytes"), state.div_ceil(8));
+    assert_eq!(bytes(&one, "sharded_state_bytes"), state);
+    // Without checkpointing, 32k tokens of kept activations do not fit even on 8; in f32 a GPU holds more.
+    assert!(bytes(&eight, "gpu_bytes") > GB80, "{eight}");
+    let f32 = json(&["--fsdp2-gpus", "8", "--f32"]);
+    assert_eq!(f32["fsdp2"]["compute_dtype"], "f32");
+    assert!(bytes(&f32, "gpu_bytes_recompute") > bytes(&eight, "gpu_bytes_recompute"));
+    // Without --fsdp2-gpus the JSON has no FSDP2 part; the text report has its line.
+    assert!(json(&[]).get("fsdp2").is_none());
+    let report = estimate(&["--fsdp2-gpus", "8"]);
+    assert!(
+        report.contains("FSDP2 over 8 GPUs (bf16 compute, f32 master weights and reduction): ")
+            && report.contains("with activation checkpointing (actor.recompute_layers)"),
+        "{report}"
+    );
+}
+
+/// `xtask submit` holds an `fsdp2:` actor to one GPU's share of its layout (GPUs = its data-parallel ranks),
+/// through the real binary: the Qwen3-8B shape fits grpo's `fsdp2:d8p1t1` on 80 GiB GPUs and is refused on
+/// `fsdp2:d1` in one line naming the model, the layout, the estimate and the limit.
+#[test]
+fn submit_refuses_an_fsdp2_layout_too_small_for_the_model() {
+    let (arena_rl, _) = crate::slurm::binaries();
+    let launch = Launch::new();
+    model_config(
+        &launch.path("qwen3-8b"),
+        "Qwen3ForCausalLM",
+        "qwen3",
+        [4096, 12288, 36, 32, 8, 151936],
+    );
+    let env = |layout: &str| {
+        vec![
+            ("ARENA_RL_BIN", arena_rl.display().to_string()),
+            ("MODEL_PATH", launch.path("qwen3-8b").display().to_string()),
+            ("ACTOR_LAYOUT", layout.to_string()),
+        ]
+    };
+    let out = run(
+        &launch,
+        &["submit", "--dry-run", "--profile", "grpo"],
+        &env("fsdp2:d8p1t1"),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = run(
+        &launch,
+        &["submit", "--dry-run", "--profile", "grpo"],
+        &env("fsdp2:d1"),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let head = format!(
+        "xtask submit: MODEL_PATH {} (Qwen3ForCausalLM, 8.19B parameters) does not fit the grpo actor fsdp2:d1p1t1: \
+         the trainer's estimate of one step of 32768 tokens (actor.max_tokens_per_mb, with activation checkpointing) is ",
+        launch.path("qwen3-8b").display()
+    );
+    assert!(
+        stderr.starts_with(&head) && stderr.ends_with(" GiB on its one GPU, more than GPU_MEMORY_GIB=80\n"),
+        "{stderr}"
+    );
+    let gib: f64 = stderr[head.len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("the estimate in GiB");
+    assert!(gib > 80.0, "{stderr}");
     assert!(is_empty_dir(&launch.path("runs")));
 }

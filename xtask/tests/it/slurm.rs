@@ -42,6 +42,38 @@ harnesses:
   - {key: chat-sim, version: "1"}
 "#;
 
+/// The quickstart's two Streams (the ids and harnesses of examples/configs/quickstart.yaml) serving `sum`
+/// tasks ("What is 7 + 5?"), graded with partial credit for any integer near the sum, one turn of at most 32
+/// tokens: even the untrained tiny policy gets rewards that differ within a group now and then, so GRPO steps
+/// reach the trainer (the lookup tasks of the quickstart preset need a tool call it never makes).
+const SUMS_WORLD: &str = r#"
+token: tok-slurm-7c1e5b90d2
+llm_api_key: llm-slurm-3f8a61c4e7
+streams:
+  - stream_id: sim-messages
+    default_harness_ref: {key: claude-sim, version: "1"}
+    default_reward_ref: {key: sim-grader, version: "1"}
+    generated_rows: 64
+    task_family: sum
+    recent_tasks:
+      - {status: DONE, harness_ref: {key: claude-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: DONE, harness_ref: {key: claude-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
+  - stream_id: sim-chat
+    default_harness_ref: {key: chat-sim, version: "1"}
+    default_reward_ref: {key: sim-grader, version: "1"}
+    generated_rows: 64
+    task_family: sum
+    recent_tasks:
+      - {status: DONE, harness_ref: {key: chat-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
+      - {status: DONE, harness_ref: {key: chat-sim, version: "1"}, reward_ref: {key: sim-grader, version: "1"}}
+harnesses:
+  - {key: claude-sim, version: "1"}
+  - {key: chat-sim, version: "1"}
+runners:
+  claude-sim: {kind: anthropic, max_turns: 1, max_tokens: 32}
+  chat-sim: {kind: chat, max_turns: 1, max_tokens: 32}
+"#;
+
 /// Builds the binaries the jobs run (debug profile, the test's own target directory) and returns
 /// (`arena-rl`, `arena-sim`).
 pub(crate) fn binaries() -> (PathBuf, PathBuf) {
@@ -256,6 +288,11 @@ impl Site {
     /// `xtask submit ARGS` with the host as the container and the credentials file `credentials` (under the
     /// work directory); returns the controller's job id after checking xtask's output holds no credential.
     fn submit(&self, trial: &str, credentials: &str, args: &[&str]) -> String {
+        self.submit_with(trial, credentials, args, &[])
+    }
+
+    /// [`Site::submit`] with more launch variables.
+    fn submit_with(&self, trial: &str, credentials: &str, args: &[&str], vars: &[(&str, String)]) -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
             .arg("submit")
             .args(args)
@@ -272,6 +309,7 @@ impl Site {
             .env("TRIAL_NAME", trial)
             // Set on the login node, never passed on: the credentials file is the only source.
             .env("ARENA_LLM_API_KEY", LLM_KEY)
+            .envs(vars.iter().map(|(k, v)| (*k, v)))
             .output()
             .expect("xtask runs");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -494,4 +532,180 @@ fn rollout_only_runs_the_rollout_loop_under_slurm() {
         !run.join("checkpoints/step-2/model.safetensors").exists(),
         "rollout-only trained"
     );
+}
+
+/// A free TCP port on every interface.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Watches this machine's processes while a job runs: the FSDP2 worker's key, read from the environment of
+/// the process that runs `arena_rl_fsdp2`, and every command line seen, so the test can check that the key
+/// was never an argument.
+struct ProcessWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(Option<String>, std::collections::HashSet<String>)>,
+}
+
+impl ProcessWatch {
+    fn start() -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut key, mut lines) = (None, std::collections::HashSet::new());
+            while !flag.load(Ordering::Relaxed) {
+                for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                    let dir = entry.path();
+                    let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
+                        continue;
+                    };
+                    let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                    if key.is_none() && line.contains("arena_rl_fsdp2") {
+                        key = std::fs::read(dir.join("environ")).ok().and_then(|env| {
+                            env.split(|&b| b == 0).find_map(|var| {
+                                let var = String::from_utf8_lossy(var);
+                                var.strip_prefix("ARENA_RL_TRAINER_API_KEY=").map(str::to_string)
+                            })
+                        });
+                    }
+                    lines.insert(line);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (key, lines)
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> (Option<String>, std::collections::HashSet<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the watch thread")
+    }
+}
+
+/// The `local` profile with a two-rank FSDP2 worker (`ACTOR_LAYOUT=fsdp2:d2`: CPU ranks over gloo): the
+/// train job starts `torchrun` with c10d rendezvous on its trainer node, `arena-rl train` attaches to rank 0
+/// under the job's own random key, trains two steps of the quickstart's tiny policy, and both jobs end
+/// COMPLETED; the key is in no command line, no file of the submission or the run, and nothing Slurm stored.
+#[test]
+fn fsdp2_trains_the_local_profile_with_a_two_rank_worker_under_slurm() {
+    let python = std::env::var("ARENA_RL_PY_TORCH").unwrap_or_else(|_| {
+        panic!("ARENA_RL_PY_TORCH is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first")
+    });
+    let Some(mut site) = Site::start(SimWorld::Yaml(SUMS_WORLD)) else {
+        return;
+    };
+    site.prepare_policy();
+    write(&site.path("arena.env"), &credentials(&site.sim.base_url, true));
+    let trial = "slurm-fsdp2";
+    let watch = ProcessWatch::start();
+    let python_override = format!("actor.fsdp2.python={python}");
+    let port = free_port().to_string();
+    // Four groups of eight a step: a group whose rewards differ, which the worker trains on, is all but
+    // certain in two steps (one in eight groups had one with the profile's 2 x 2).
+    let job = site.submit_with(
+        trial,
+        "arena.env",
+        &[
+            "--profile",
+            "local",
+            &python_override,
+            "train_dataset.batch_size=4",
+            "gconfig.n_samples=8",
+        ],
+        &[
+            ("ACTOR_LAYOUT", "fsdp2:d2".into()),
+            ("ARENA_RL_TRAINER_PORT", port.clone()),
+            ("ARENA_RL_RDZV_PORT", free_port().to_string()),
+        ],
+    );
+    let (state, log) = site.wait_controller(trial, &job, TRAIN_LIMIT);
+    let (key, command_lines) = watch.finish();
+    let dir = site.path(&format!("runs/submissions/{trial}"));
+    let train_job = std::fs::read_to_string(dir.join("train.jobid"))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default();
+    let train_log = std::fs::read_to_string(dir.join(format!("train-{train_job}.log"))).unwrap_or_default();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "controller log:\n{log}\ntrain log:\n{train_log}\n{}",
+        site.cluster.logs()
+    );
+    assert_eq!(
+        site.cluster.job_state(&train_job).as_deref(),
+        Some("COMPLETED"),
+        "the train job's state; its log:\n{train_log}"
+    );
+    for want in [
+        "train: fsdp2 worker: 2 rank(s) on each of ",
+        "train: the loop attaches to the fsdp2 worker's rank 0 at ",
+        // Rank 0 of the worker says so on the job's log, and logs each operation: the first GRPO step the
+        // loop sent it was trained on both ranks.
+        ", world size 2, device cpu",
+        " init done in ",
+        " step grpo step 0 done in ",
+        " save done in ",
+        "train: the trainer exited with status 0",
+    ] {
+        assert!(train_log.contains(want), "{want:?} missing from:\n{train_log}");
+    }
+    let run = site.path(&format!("runs/arena-local/{trial}"));
+    assert!(
+        train_log.contains(&format!("trained 2 step(s) in {}", run.display())),
+        "{train_log}"
+    );
+    let metrics = std::fs::read_to_string(run.join("metrics/metrics.jsonl")).expect("metrics.jsonl written");
+    let steps: Vec<u64> = metrics
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a metrics line is JSON");
+            v["step"].as_u64().expect("a metrics line has a step")
+        })
+        .collect();
+    assert_eq!(steps, [0, 1], "metrics.jsonl:\n{metrics}");
+    // The loop ran with the layout's backend, attached to the worker the job started.
+    let saved = run.join("config.yaml");
+    let config = stream_config::load_run_config(&saved, &[], &stream_config::Env::from_pairs([("", ""); 0]))
+        .unwrap_or_else(|e| panic!("{} does not load: {e}", saved.display()));
+    assert_eq!(config.actor.backend, stream_config::TrainerBackend::Fsdp2);
+    assert_eq!(config.actor.fsdp2.nproc_per_node, 2);
+    assert!(
+        config
+            .actor
+            .fsdp2
+            .attach
+            .as_deref()
+            .is_some_and(|a| a.ends_with(&format!(":{port}"))),
+        "attach {:?}, ARENA_RL_TRAINER_PORT {port}",
+        config.actor.fsdp2.attach
+    );
+    // The worker saved its sharded state with the final checkpoint, one file a rank.
+    let state = run.join("checkpoints/step-2/trainer");
+    for rank in ["__0_0.distcp", "__1_0.distcp", "trainer.json"] {
+        assert!(state.join(rank).is_file(), "no {rank} in {}", state.display());
+    }
+
+    // The job's trainer key: in the worker's environment, never on a command line or in a file.
+    let key = key.expect("the fsdp2 worker's process and its ARENA_RL_TRAINER_API_KEY were seen");
+    assert_eq!(key.len(), 64, "a random 32-byte key in hex");
+    assert!(
+        command_lines
+            .iter()
+            .any(|l| l.contains("arena_rl_fsdp2 --listen")),
+        "the worker's command line was not seen"
+    );
+    for line in &command_lines {
+        assert!(!line.contains(&key), "a command line holds the trainer key");
+    }
+    let mut stored = files(&site.path("runs"));
+    stored.extend(files(&site.cluster.state_dir()));
+    for (path, text) in stored {
+        assert!(!text.contains(&key), "{} holds the trainer key", path.display());
+        assert_no_credentials(&path.display().to_string(), &text);
+    }
 }

@@ -21,13 +21,15 @@ pub(crate) enum Command {
     /// Answer a prompt, rendered as one user turn with the model's chat template.
     Generate(GenerateArgs),
     /// Dry run: parameters, bytes of weights, gradients and AdamW state, and activation bytes per token with
-    /// and without layer recompute, for a published shape or a model folder's config.json.
+    /// and without layer recompute, for a published shape or a model folder's config.json; with
+    /// `--fsdp2-gpus N`, also one GPU's peak in an FSDP2 layout of N GPUs (`actor.backend: fsdp2`).
     Estimate(EstimateArgs),
 }
 
 #[derive(ClapArgs)]
 pub(crate) struct EstimateArgs {
-    /// A published shape: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen2.5-7b or smollm2-135m.
+    /// A published shape: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-7b or
+    /// smollm2-135m.
     #[arg(long, conflicts_with = "model", required_unless_present = "model")]
     shape: Option<String>,
     /// A Hugging Face model folder whose config.json to estimate.
@@ -40,6 +42,19 @@ pub(crate) struct EstimateArgs {
     /// for `cargo xtask submit`'s fit check.
     #[arg(long)]
     json: bool,
+    /// Also estimate one GPU of an FSDP2 layout sharded over this many GPUs (data-parallel ranks): the
+    /// sharded f32 state, the units gathered whole, the activations kept with and without activation
+    /// checkpointing, and one chunk of the output projection.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    fsdp2_gpus: Option<u64>,
+    /// The FSDP2 layout computes in f32 (a CPU, or `actor.bf16_autocast: false`) rather than in bf16 with
+    /// f32 master weights and reduction (`actor.bf16_autocast: true`, the GPU default).
+    #[arg(long, requires = "fsdp2_gpus")]
+    f32: bool,
+    /// Rows of the output projection the FSDP2 worker computes at once (`actor.fsdp2.logprob_chunk_tokens`).
+    #[arg(long, value_name = "TOKENS", default_value_t = 1024, requires = "fsdp2_gpus",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    logprob_chunk_tokens: u64,
 }
 
 #[derive(ClapArgs)]
@@ -89,7 +104,7 @@ pub(crate) fn run(command: Command) -> Result<()> {
 }
 
 fn estimate(args: &EstimateArgs) -> Result<()> {
-    use trainer::estimate::{MemoryEstimate, SHAPES};
+    use trainer::estimate::{Fsdp2Layout, MemoryEstimate, SHAPES};
     let (name, config) = match (&args.shape, &args.model) {
         (Some(shape), _) => {
             let found = SHAPES.iter().find(|s| {
@@ -117,8 +132,29 @@ fn estimate(args: &EstimateArgs) -> Result<()> {
         (None, None) => bail!("give --shape or --model"),
     };
     let estimate = MemoryEstimate::new(&name, &config, &trainer::MemoryConfig::default());
+    // The FSDP2 worker's own output-projection chunk (`actor.fsdp2.logprob_chunk_tokens`).
+    let fsdp2 = args.fsdp2_gpus.map(|gpus| {
+        let chunked = MemoryEstimate::new(
+            &name,
+            &config,
+            &trainer::MemoryConfig {
+                logits_chunk: usize::try_from(args.logprob_chunk_tokens).unwrap_or(usize::MAX),
+                ..trainer::MemoryConfig::default()
+            },
+        );
+        let layout = Fsdp2Layout {
+            gpus,
+            bf16: !args.f32,
+        };
+        Fsdp2Figures {
+            layout,
+            sharded_state_bytes: chunked.state_bytes().div_ceil(gpus),
+            gpu_bytes: chunked.fsdp2_gpu_bytes(layout, args.tokens, false),
+            gpu_bytes_recompute: chunked.fsdp2_gpu_bytes(layout, args.tokens, true),
+        }
+    });
     if args.json {
-        let json = serde_json::json!({
+        let mut json = serde_json::json!({
             "model": name,
             "architecture": config.architecture.hf_class(),
             "parameters": estimate.parameters,
@@ -127,6 +163,16 @@ fn estimate(args: &EstimateArgs) -> Result<()> {
             "step_bytes": estimate.step_bytes(args.tokens, false),
             "step_bytes_recompute": estimate.step_bytes(args.tokens, true),
         });
+        if let Some(f) = &fsdp2 {
+            json["fsdp2"] = serde_json::json!({
+                "gpus": f.layout.gpus,
+                "compute_dtype": if f.layout.bf16 { "bf16" } else { "f32" },
+                "logprob_chunk_tokens": args.logprob_chunk_tokens,
+                "sharded_state_bytes": f.sharded_state_bytes,
+                "gpu_bytes": f.gpu_bytes,
+                "gpu_bytes_recompute": f.gpu_bytes_recompute,
+            });
+        }
         println!("{json}");
         return Ok(());
     }
@@ -138,7 +184,31 @@ fn estimate(args: &EstimateArgs) -> Result<()> {
         gib(estimate.step_bytes(args.tokens, false)),
         gib(estimate.step_bytes(args.tokens, true)),
     );
+    if let Some(f) = fsdp2 {
+        println!(
+            "  FSDP2 over {} GPUs ({}): {:.2} GiB of sharded state a GPU; one step of {} tokens a GPU: {:.2} GiB, \
+             {:.2} GiB with activation checkpointing (actor.recompute_layers)",
+            f.layout.gpus,
+            if f.layout.bf16 {
+                "bf16 compute, f32 master weights and reduction"
+            } else {
+                "f32"
+            },
+            gib(f.sharded_state_bytes),
+            args.tokens,
+            gib(f.gpu_bytes),
+            gib(f.gpu_bytes_recompute),
+        );
+    }
     Ok(())
+}
+
+/// One GPU's figures in an FSDP2 layout.
+struct Fsdp2Figures {
+    layout: trainer::estimate::Fsdp2Layout,
+    sharded_state_bytes: u64,
+    gpu_bytes: u64,
+    gpu_bytes_recompute: u64,
 }
 
 fn options(device: &str) -> Result<PolicyOptions> {
