@@ -774,6 +774,56 @@ fn an_fsdp2_actor_starts_the_worker_and_points_the_loop_at_rank_0() {
     assert!(!render::profile_overrides(&l).contains(&"actor.backend=fsdp2".to_string()));
 }
 
+/// With several trainer nodes, c10d may give rank 0 to any of them: the loop's step finds it as the node whose
+/// ARENA_RL_TRAINER_PORT accepts a connection (two loopback addresses stand for two nodes, only one listens),
+/// and gives up after actor.fsdp2.ready_timeout_seconds naming the nodes and the port.
+#[test]
+fn the_loop_finds_rank_0_among_several_trainer_nodes() {
+    let site = Site::new();
+    let mut l = site
+        .launch(
+            Profile::Grpo,
+            Mode::Submit,
+            &[("ACTOR_LAYOUT", Some("fsdp2:d16"))],
+            &[],
+        )
+        .expect("valid");
+    l.run.worker_ready_seconds = 2;
+    let (_, train) = site.scripts(&l);
+    let start = train.find("worker_rank0() {").expect("the rank-0 finder");
+    let end = start + train[start..].find("\n}\n").expect("its end") + 3;
+    let finder = &train[start..end];
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port on 127.0.0.1");
+    let port = listener.local_addr().expect("bound").port().to_string();
+    let find = |nodes: &str| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("{finder}worker_rank0"))
+            .env("ARENA_TRAINER_NODES", nodes)
+            .env("ARENA_RL_TRAINER_PORT", &port)
+            .output()
+            .expect("bash runs")
+    };
+    let out = find("127.0.0.2,127.0.0.1");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("127.0.0.1:{port}\n")
+    );
+    // One trainer node is rank 0's without asking.
+    let out = find("node-a");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("node-a:{port}\n"));
+    drop(listener);
+    let out = find("127.0.0.2,127.0.0.3");
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "train: no trainer node (127.0.0.2,127.0.0.3) listens on ARENA_RL_TRAINER_PORT={port} after 2 s\n"
+        )
+    );
+}
+
 /// A config that trains with FSDP2 under a burn actor would start a worker the job did not place: refused,
 /// pointing at ACTOR_LAYOUT.
 #[test]
