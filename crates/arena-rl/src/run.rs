@@ -4,10 +4,12 @@
 //! only exports scored rollouts, [`evaluate`] evaluates a checkpoint (`eval.rs`), and `checkpoint.rs` holds the loop's checkpoints and resume checks.
 //!
 //! Setup failures are one line each ([`crate::Error`]): a bad config, an unreachable Arena, every stream
-//! unhealthy, the proxy port taken, a checkpoint from another model. The journal is opened (and a killed
-//! run's routes and tasks cleaned) before anything can fail later; journal segments are retired only once no
-//! kept checkpoint needs them.
+//! unhealthy, the proxy port taken, a checkpoint from another model; every mistake in the config is found
+//! before the run acts, and reported at once (`check.rs`). The journal is then opened (and a killed run's
+//! routes and tasks cleaned) before anything else can fail; journal segments are retired only once no kept
+//! checkpoint needs them.
 
+mod check;
 mod checkpoint;
 mod collect;
 mod eval;

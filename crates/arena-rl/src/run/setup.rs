@@ -1,22 +1,23 @@
 //! Setting a run up: paths, the journal and a killed run's leftovers, the Arena client, the healthy streams
 //! and this worker's rows, the proxy with its engine, and the route setup of the mode.
 //!
-//! The journal is opened (and a killed run's routes and tasks settled, `leftovers.rs`) before anything can
-//! fail later.
+//! Every component config is parsed and checked first (`check.rs`), every mistake at once; then the journal is
+//! opened (and a killed run's routes and tasks settled, `leftovers.rs`) before anything else can fail.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use arena_client::{ArenaClient, Party, RouteRegistry, RouteSetup};
+use arena_client::{ArenaClient, Party, RegistryOptions, RouteRegistry, RouteSetup};
 use reward_routing::{AuditConfig, AuditWriter, RewardConfig, TransformRegistry};
-use rollout_proxy::{ChatModel, ProxyServer, ProxyState};
+use rollout_proxy::{ChatModel, IntegrityConfig, ProxyServer, ProxyState};
 use secrecy::{ExposeSecret as _, SecretString};
-use stream_config::{Env, RouteMode, RunConfig};
+use stream_config::{Env, RouteMode, RunConfig, StreamConfig};
 use tokio::sync::Semaphore;
 
+use super::check::Checked;
 use super::serving::{EngineHandle, build_engine};
 use super::settings;
 use crate::error::{Context as _, Error, Result};
@@ -187,31 +188,43 @@ struct StartedProxy {
 }
 
 /// Sets a run up: paths, journal, leftovers, Arena, streams and rows, proxy, engine, routing.
+///
+/// Every component config is parsed and checked first ([`Checked`]), every mistake reported at once, so a
+/// typo in the config stops the run before the journal opens, Arena is called or a dataset downloads.
 pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -> Result<Run> {
+    let checked = Checked::of(&config, env, engine.is_some())?;
     let paths = RunPaths::of(&config);
-    let reach = super::reach::plan(&config)?;
-    let dir = model_dir(&config)?;
     let (journal, replay) = Journal::open(&paths.journal)?;
     if replay.torn_lines > 0 {
         tracing::warn!(journal = %paths.journal.display(), "cut a torn last journal line (the process was killed mid-write)");
     }
-    let client =
-        ArenaClient::new(settings::client_config(&config, env)?).context("building the Arena client")?;
+    let client = ArenaClient::new(checked.client).context("building the Arena client")?;
     let (cleaned, resume_keys) =
         super::leftovers::clean_leftovers(&client, &journal, &replay, &config, &paths).await?;
-    let healthy = healthy_streams(&client, &config, env).await?;
+    let healthy = healthy_streams(&client, &config, checked.streams).await?;
     let (rows, eval_rows) = worker_rows(&client, &healthy, &config).await?;
     let model = Arc::new(
-        ChatModel::from_dir(&dir).with_context(|| format!("loading the model folder {}", dir.display()))?,
+        ChatModel::from_dir(&checked.model_dir)
+            .with_context(|| format!("loading the model folder {}", checked.model_dir.display()))?,
     );
     let engine = match engine {
         Some(e) => e,
-        None => build_engine(&config, env, &model, &dir).await?,
+        None => build_engine(&config, env, &model, &checked.model_dir).await?,
     };
-    let proxy = start_proxy(&config, env, model, &engine, &reach).await?;
+    let proxy = start_proxy(
+        &config,
+        env,
+        model,
+        &engine,
+        &checked.reach,
+        checked.integrity,
+        checked.proxy_host,
+    )
+    .await?;
     tracing::info!(proxy = %proxy.public_url, "the proxy advertises this address to Arena");
-    let (routing, gateway_key) = route_setup(&config, env, &client, &journal, &proxy.state)?;
-    reach
+    let (routing, gateway_key) = route_setup(&config, checked.routes, &client, &journal, &proxy.state);
+    checked
+        .reach
         .check(&client, env, &proxy.control, &proxy.public_url)
         .await?;
     let audit = if config.econfig.arena_result_dump_dir.trim().is_empty() {
@@ -224,22 +237,8 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
     if let Some(writer) = &audit {
         complete_audits(writer, &journal, &replay)?;
     }
-    let reward = settings::reward_config(&config);
-    reward.validate().context("the reward settings")?;
-    let mut secrets = config.secrets(env);
-    secrets.add(proxy.admin.expose_secret());
-    if let Some(key) = &gateway_key {
-        secrets.add(key.expose_secret());
-    }
-    for stream in &healthy {
-        let long = |v: &&String| v.len() >= stream_config::MIN_SUBSTRING_LEN;
-        stream
-            .config
-            .task_envs
-            .values()
-            .filter(long)
-            .for_each(|v| secrets.add(v));
-    }
+    let reward = checked.reward;
+    let secrets = run_secrets(&config, env, &proxy.admin, gateway_key.as_ref(), &healthy);
     let trackers =
         crate::observe::trackers::TrackerSettings::resolve(&config, env, &secrets, &paths.run_dir)?;
     let token_state = proxy.state.clone();
@@ -286,6 +285,32 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
     })
 }
 
+/// Every secret the run knows: its credentials from the environment, the proxy's admin and gateway keys, and
+/// every Stream's `task_envs` values long enough to redact by value.
+fn run_secrets(
+    config: &RunConfig,
+    env: &Env,
+    admin: &SecretString,
+    gateway_key: Option<&SecretString>,
+    streams: &[ResolvedStream],
+) -> stream_config::Secrets {
+    let mut secrets = config.secrets(env);
+    secrets.add(admin.expose_secret());
+    if let Some(key) = gateway_key {
+        secrets.add(key.expose_secret());
+    }
+    for stream in streams {
+        let long = |v: &&String| v.len() >= stream_config::MIN_SUBSTRING_LEN;
+        stream
+            .config
+            .task_envs
+            .values()
+            .filter(long)
+            .for_each(|v| secrets.add(v));
+    }
+    secrets
+}
+
 /// Arena refused the stream (not ACTIVE, an incomplete reward ref): the stream is unhealthy, not the run.
 fn refused_stream(e: &Error) -> Option<&arena_client::Error> {
     match e.root() {
@@ -300,8 +325,11 @@ fn refused_stream(e: &Error) -> Option<&arena_client::Error> {
 /// Resolves every configured stream. A stream Arena refuses stops the run, naming it and Arena's reason, unless
 /// `econfig.arena_skip_refused_streams` leaves it out (the new mixture weights are logged); all refused is
 /// [`Error::NoHealthyStream`], and an Arena that does not answer is [`Error::ArenaUnreachable`].
-async fn healthy_streams(client: &ArenaClient, config: &RunConfig, env: &Env) -> Result<Vec<ResolvedStream>> {
-    let stream_configs = stream_config::load_stream_configs_with_env(&config.econfig, env)?;
+async fn healthy_streams(
+    client: &ArenaClient,
+    config: &RunConfig,
+    stream_configs: Vec<StreamConfig>,
+) -> Result<Vec<ResolvedStream>> {
     let transforms = TransformRegistry::with_builtins();
     let mut healthy: Vec<ResolvedStream> = Vec::new();
     let mut unhealthy: Vec<String> = Vec::new();
@@ -441,23 +469,21 @@ async fn worker_rows(
     Ok((rows, eval_rows))
 }
 
-/// Starts the proxy in-process on `proxy.host:proxy.port` with the engine.
+/// Starts the proxy in-process on `proxy.host:proxy.port` with the engine and its integrity rules.
 async fn start_proxy(
     config: &RunConfig,
     env: &Env,
     model: Arc<ChatModel>,
     engine: &EngineHandle,
     reach: &super::reach::Reach,
+    integrity: IntegrityConfig,
+    host: IpAddr,
 ) -> Result<StartedProxy> {
     let admin = admin_key(config, env);
     let mut proxy_config = settings::proxy_config(config, admin.clone());
-    proxy_config.integrity = settings::integrity_config(config)?;
+    proxy_config.integrity = integrity;
     let state = ProxyState::new(proxy_config, model, engine.engine.clone())
         .context("configuring the rollout proxy")?;
-    let host: std::net::IpAddr =
-        config.proxy.host.parse().map_err(|_| {
-            Error::Invalid(format!("proxy.host {:?} is not an IP address", config.proxy.host))
-        })?;
     let addr = SocketAddr::new(host, config.proxy.port);
     let server = ProxyServer::start(addr, state.clone())
         .await
@@ -483,24 +509,23 @@ async fn start_proxy(
     })
 }
 
-/// The route setup of `econfig.arena_llm_route_mode`, and the proxy's gateway key in session-gateway mode.
+/// The route setup of `econfig.arena_llm_route_mode` from its checked key and registry options (none in
+/// direct mode), and the proxy's gateway key in session-gateway mode.
 fn route_setup(
     config: &RunConfig,
-    env: &Env,
+    routes: Option<(SecretString, RegistryOptions)>,
     client: &ArenaClient,
     journal: &Journal,
     state: &ProxyState,
-) -> Result<(RouteSetup, Option<SecretString>)> {
-    let mode = config.econfig.arena_llm_route_mode;
-    if mode == RouteMode::Direct {
-        return Ok((RouteSetup::Direct, None));
-    }
-    let llm_api_key = arena_client::llm_api_key(env).context("the LLM gateway key")?;
-    if mode == RouteMode::Gateway {
+) -> (RouteSetup, Option<SecretString>) {
+    let Some((llm_api_key, mut options)) = routes else {
+        return (RouteSetup::Direct, None);
+    };
+    if config.econfig.arena_llm_route_mode == RouteMode::Gateway {
         // The route is renewed every probe interval while its task is in flight, so a task that waits
         // (Arena's queue, a paused generation) keeps it (arena-2026.md 2.12).
         let renewal = arena_client::GatewayRenewal {
-            interval: settings::registry_options(config)?.probe_interval,
+            interval: options.probe_interval,
             clock: Arc::new(arena_client::SystemClock::default()),
         };
         let setup = RouteSetup::Gateway {
@@ -509,9 +534,8 @@ fn route_setup(
             registration_timeout: settings::registration_timeout(config),
             renewal: Some(renewal),
         };
-        return Ok((setup, None));
+        return (setup, None);
     }
-    let mut options = settings::registry_options(config)?;
     // The name is journaled before the POST that creates it, so a killed run's successor deletes it even
     // when the registration landed and its answer was never read.
     let route_journal = journal.clone();
@@ -526,5 +550,5 @@ fn route_setup(
         registry: RouteRegistry::new(client.clone(), options),
         llm_api_key,
     };
-    Ok((setup, Some(state.gateway_key())))
+    (setup, Some(state.gateway_key()))
 }

@@ -150,3 +150,45 @@ async fn a_checkpoint_from_another_model() {
     );
     assert_eq!(sim.counters().live_routes, 0);
 }
+
+/// Every mistake in the config is reported at once, each naming its field and value, before the run acts:
+/// no journal folder, no request to Arena. The config is changed after loading, as a program that builds
+/// its own may do, so `setup` checks the config's own rules again (`model.dtype`) along with what only the
+/// run's components check (`proxy.host`); `model.dtype` is reported once, though the policy's engine
+/// would refuse it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_typo_is_reported_at_once_before_the_run_acts() {
+    let sim = ArenaSim::start(sim_world()).await.unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let model = model_folder(root.path());
+    let mut config = config(&sim.base_url(), root.path(), &model, &["model.engine=burn"]);
+    config.model.dtype = "bf61".into();
+    config.proxy.host = "127.0.0.l".into();
+    let err = train(
+        config,
+        &env(),
+        Plugins {
+            engine: None,
+            step: Box::new(FrozenPolicy::default()),
+        },
+    )
+    .await
+    .expect_err("the run fails");
+    let line = format!("{err:#}");
+    assert!(!line.contains('\n'), "one line: {line}");
+    assert!(line.starts_with("2 problems: "), "{line}");
+    assert!(
+        line.contains("model.dtype: \"bf61\" is not a dtype: expected f32 or bf16"),
+        "{line}"
+    );
+    assert!(
+        line.contains("proxy.host \"127.0.0.l\" is not an IP address"),
+        "{line}"
+    );
+    assert_eq!(line.matches("bf61").count(), 1, "reported once: {line}");
+    assert!(
+        !root.path().join("quickstart/local/journal").exists(),
+        "no journal folder"
+    );
+    assert!(sim.requests().is_empty(), "Arena saw {:?}", sim.requests());
+}
