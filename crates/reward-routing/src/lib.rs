@@ -55,7 +55,7 @@ pub use harness::{
     metric_code, outcome_code,
 };
 pub use metrics::{DEBUG_SCOPE, Lifecycle, Metric, Scope, group_metrics};
-pub use norm::{NormConfig, NormLevel, RewardConfig, SampleAdvantage};
+pub use norm::{NormConfig, NormLevel, Normalize, RewardConfig, SampleAdvantage};
 pub use outcome::{
     Episode, ErrorStage, IntegrityFinding, Outcome, RowMeta, TaskOutcome, task_type_from_json,
 };

@@ -7,79 +7,35 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::group::{Group, GroupSettings};
 
-/// Where a mean or std is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NormLevel {
-    /// Over the whole training batch.
-    Batch,
-    /// Within each prompt's group.
-    Group,
+pub use stream_config::{NormConfig, NormLevel};
+
+/// Every problem with normalisation settings, each naming the field under `prefix` (for example
+/// `actor.reward_norm`).
+fn norm_problems(config: &NormConfig, prefix: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !(config.eps.is_finite() && config.eps >= 0.0) {
+        problems.push(format!(
+            "{prefix}.eps must be finite and non-negative, got {}",
+            config.eps
+        ));
+    }
+    if config.group_size == 0 {
+        problems.push(format!("{prefix}.group_size must be at least 1, got 0"));
+    }
+    problems
 }
 
-/// Normalisation settings (`actor.reward_norm`, and the same shape as `actor.adv_norm`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NormConfig {
-    /// Where the mean is taken; `None` subtracts nothing.
-    pub mean_level: Option<NormLevel>,
-    /// Take each value's mean over the others only (leave-one-out); a value alone in its group gets itself as
-    /// its mean, so it normalises to 0.
-    pub mean_leave1out: bool,
-    /// Where the std is taken; `None` divides by 1 with no eps.
-    pub std_level: Option<NormLevel>,
-    /// Use the unbiased (n - 1) std; a single value then has std 1.
-    pub std_unbiased: bool,
-    /// Added to the std in the denominator.
-    pub eps: f64,
-    /// The fixed group size used when real group sizes are not known ([`NormConfig::normalize`] with `None`).
-    pub group_size: usize,
-}
-
-impl Default for NormConfig {
-    fn default() -> Self {
-        Self {
-            mean_level: Some(NormLevel::Batch),
-            mean_leave1out: false,
-            std_level: Some(NormLevel::Batch),
-            std_unbiased: true,
-            eps: 1e-5,
-            group_size: 1,
-        }
-    }
-}
-
-impl NormConfig {
-    /// Group-level mean and std, the usual GRPO setting.
-    pub fn group() -> Self {
-        Self {
-            mean_level: Some(NormLevel::Group),
-            std_level: Some(NormLevel::Group),
-            ..Self::default()
-        }
-    }
-
-    /// Every problem with these settings, each naming the field under `prefix` (for example
-    /// `actor.reward_norm`).
-    pub fn problems(&self, prefix: &str) -> Vec<String> {
-        let mut problems = Vec::new();
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            problems.push(format!(
-                "{prefix}.eps must be finite and non-negative, got {}",
-                self.eps
-            ));
-        }
-        if self.group_size == 0 {
-            problems.push(format!("{prefix}.group_size must be at least 1, got 0"));
-        }
-        problems
-    }
-
+/// Training-time normalisation with [`NormConfig`] (the config's type, `stream-config` owns it).
+pub trait Normalize {
     /// Normalises `x`. `group_sizes` gives the real size of each consecutive group (failed samples shrink
     /// groups) and must add up to `x.len()`; with `None`, groups are consecutive runs of `group_size`, which must
     /// divide `x.len()` when a level is `group`.
-    pub fn normalize(&self, x: &[f64], group_sizes: Option<&[usize]>) -> Result<Vec<f64>> {
-        if let Some(problem) = self.problems("reward_norm").into_iter().next() {
+    fn normalize(&self, x: &[f64], group_sizes: Option<&[usize]>) -> Result<Vec<f64>>;
+}
+
+impl Normalize for NormConfig {
+    fn normalize(&self, x: &[f64], group_sizes: Option<&[usize]>) -> Result<Vec<f64>> {
+        if let Some(problem) = norm_problems(self, "reward_norm").into_iter().next() {
             return Err(Error::Normalization(problem));
         }
         if let Some(bad) = x.iter().find(|v| !v.is_finite()) {
@@ -87,7 +43,7 @@ impl NormConfig {
                 "cannot normalise a non-finite value {bad}"
             )));
         }
-        let slices = self.group_slices(x.len(), group_sizes)?;
+        let slices = group_slices(self, x.len(), group_sizes)?;
 
         let mut mean = vec![0.0; x.len()];
         match self.mean_level {
@@ -122,48 +78,53 @@ impl NormConfig {
             .map(|((v, m), s)| (v - m) / (s + eps))
             .collect())
     }
+}
 
-    fn group_slices(&self, len: usize, group_sizes: Option<&[usize]>) -> Result<Vec<std::ops::Range<usize>>> {
-        let uses_groups =
-            self.mean_level == Some(NormLevel::Group) || self.std_level == Some(NormLevel::Group);
-        if !uses_groups {
-            return Ok(Vec::new());
-        }
-        let sizes: Vec<usize> = match group_sizes {
-            Some(sizes) => {
-                if sizes.contains(&0) {
-                    return Err(Error::Normalization(format!(
-                        "group sizes must all be positive, got {sizes:?}"
-                    )));
-                }
-                let total: usize = sizes.iter().sum();
-                if total != len {
-                    return Err(Error::Normalization(format!(
-                        "group sizes {sizes:?} add up to {total}, not to the batch size {len}"
-                    )));
-                }
-                sizes.to_vec()
-            }
-            None => {
-                if !len.is_multiple_of(self.group_size) {
-                    return Err(Error::Normalization(format!(
-                        "batch size {len} is not a multiple of reward_norm.group_size {}",
-                        self.group_size
-                    )));
-                }
-                vec![self.group_size; len / self.group_size]
-            }
-        };
-        let mut start = 0;
-        Ok(sizes
-            .into_iter()
-            .map(|size| {
-                let range = start..start + size;
-                start += size;
-                range
-            })
-            .collect())
+/// The consecutive groups of a batch of `len` values: `group_sizes`, else runs of `config.group_size`.
+fn group_slices(
+    config: &NormConfig,
+    len: usize,
+    group_sizes: Option<&[usize]>,
+) -> Result<Vec<std::ops::Range<usize>>> {
+    let uses_groups =
+        config.mean_level == Some(NormLevel::Group) || config.std_level == Some(NormLevel::Group);
+    if !uses_groups {
+        return Ok(Vec::new());
     }
+    let sizes: Vec<usize> = match group_sizes {
+        Some(sizes) => {
+            if sizes.contains(&0) {
+                return Err(Error::Normalization(format!(
+                    "group sizes must all be positive, got {sizes:?}"
+                )));
+            }
+            let total: usize = sizes.iter().sum();
+            if total != len {
+                return Err(Error::Normalization(format!(
+                    "group sizes {sizes:?} add up to {total}, not to the batch size {len}"
+                )));
+            }
+            sizes.to_vec()
+        }
+        None => {
+            let group_size = config.group_size as usize;
+            if !len.is_multiple_of(group_size) {
+                return Err(Error::Normalization(format!(
+                    "batch size {len} is not a multiple of reward_norm.group_size {group_size}"
+                )));
+            }
+            vec![group_size; len / group_size]
+        }
+    };
+    let mut start = 0;
+    Ok(sizes
+        .into_iter()
+        .map(|size| {
+            let range = start..start + size;
+            start += size;
+            range
+        })
+        .collect())
 }
 
 /// Writes the mean of `x[range]` into `mean[range]`; with leave-one-out, each value's mean of the others.
@@ -278,7 +239,7 @@ impl RewardConfig {
             ));
         }
         if let Some(norm) = &self.reward_norm {
-            problems.extend(norm.problems("actor.reward_norm"));
+            problems.extend(norm_problems(norm, "actor.reward_norm"));
         }
         if problems.is_empty() {
             Ok(())

@@ -167,7 +167,7 @@ pub enum HarnessSampling {
 }
 
 /// Where a normalisation statistic is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NormLevel {
     /// Over the whole training batch.
@@ -177,6 +177,10 @@ pub enum NormLevel {
 }
 
 /// Training-time normalisation of rewards or advantages (the reference's `NormConfig`).
+///
+/// The one copy of these fields and defaults above `trainer`: reward-routing normalises with this type, and
+/// `trainer` keeps its own `AdvNorm` (it depends on no workspace crate), whose defaults a test in `arena-rl`
+/// pins equal to these.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NormConfig {
@@ -203,6 +207,17 @@ impl Default for NormConfig {
             std_unbiased: true,
             eps: 1e-5,
             group_size: 1,
+        }
+    }
+}
+
+impl NormConfig {
+    /// Group-level mean and std, the usual GRPO setting.
+    pub fn group() -> Self {
+        Self {
+            mean_level: Some(NormLevel::Group),
+            std_level: Some(NormLevel::Group),
+            ..Self::default()
         }
     }
 }

@@ -206,48 +206,35 @@ pub fn group_settings(config: &RunConfig) -> GroupSettings {
     }
 }
 
-fn norm_level<L: From<NormLevelOf>>(l: stream_config::NormLevel) -> L {
-    L::from(NormLevelOf(l))
-}
-
-/// A config norm level, convertible into each crate's own.
-struct NormLevelOf(stream_config::NormLevel);
-
-impl From<NormLevelOf> for reward_routing::NormLevel {
-    fn from(l: NormLevelOf) -> Self {
-        match l.0 {
-            stream_config::NormLevel::Batch => Self::Batch,
-            stream_config::NormLevel::Group => Self::Group,
-        }
+/// A config norm level as the trainer's own (it depends on no workspace crate).
+fn norm_level(l: stream_config::NormLevel) -> trainer::NormLevel {
+    match l {
+        stream_config::NormLevel::Batch => trainer::NormLevel::Batch,
+        stream_config::NormLevel::Group => trainer::NormLevel::Group,
     }
 }
 
-impl From<NormLevelOf> for trainer::NormLevel {
-    fn from(l: NormLevelOf) -> Self {
-        match l.0 {
-            stream_config::NormLevel::Batch => Self::Batch,
-            stream_config::NormLevel::Group => Self::Group,
-        }
-    }
-}
-
-/// reward-routing's settings: group handling, bias, scaling, clip and `actor.reward_norm`.
-pub fn reward_config(config: &RunConfig) -> RewardConfig {
-    let norm = |n: &stream_config::NormConfig| reward_routing::NormConfig {
+/// The trainer's advantage normalisation from the config's (`actor.adv_norm`).
+pub fn adv_norm(n: &stream_config::NormConfig) -> AdvNorm {
+    AdvNorm {
         mean_level: n.mean_level.map(norm_level),
         mean_leave1out: n.mean_leave1out,
         std_level: n.std_level.map(norm_level),
         std_unbiased: n.std_unbiased,
         eps: n.eps,
         group_size: n.group_size as usize,
-    };
+    }
+}
+
+/// reward-routing's settings: group handling, bias, scaling, clip and `actor.reward_norm`.
+pub fn reward_config(config: &RunConfig) -> RewardConfig {
     RewardConfig {
         drop_incomplete_group: config.gconfig.drop_incomplete_group,
         reward_normalization: config.gconfig.reward_normalization,
         reward_bias: config.actor.reward_bias,
         reward_scaling: config.actor.reward_scaling,
         reward_clip: config.actor.reward_clip,
-        reward_norm: config.actor.reward_norm.as_ref().map(norm),
+        reward_norm: config.actor.reward_norm.clone(),
     }
 }
 
@@ -349,14 +336,10 @@ fn ppo_config(config: &RunConfig, temperature: f64) -> PpoConfig {
             stream_config::KlEstimator::K3 => KlEstimator::K3,
         },
         entropy_coeff: a.entropy_coeff,
-        adv_norm: a.adv_norm.as_ref().map(|n| AdvNorm {
-            mean_level: n.mean_level.map(norm_level),
-            mean_leave1out: n.mean_leave1out,
-            std_level: n.std_level.map(norm_level),
-            std_unbiased: n.std_unbiased,
-            eps: n.eps,
-            group_size: n.group_size as usize,
-        }),
+        adv_norm: a.adv_norm.as_ref().map(adv_norm),
         temperature,
     }
 }
+
+#[cfg(test)]
+mod tests;
