@@ -348,6 +348,11 @@ fn check_vocabulary(files: &[(std::path::PathBuf, String)], root: &Path) -> Vec<
         "const TRANSIENT_403_MARKER",
         "fn task_type_from_tags",
         "fn reward_ref_drift",
+        "enum LlmProtocol {",
+        "enum RouteMode {",
+        "enum TaskStatus {",
+        // Durations: every duration setting is a `Seconds`.
+        "struct Seconds(",
     ];
     let home = root.join("crates/stream-config/src");
     let mut problems = Vec::new();
@@ -458,13 +463,31 @@ fn source_rules_catch_violations() {
             root.join("crates/stream-config/src/stream.rs"),
             "pub struct ArenaRef {".to_string(),
         ),
+        (
+            root.join("crates/arena-sim/src/tasks.rs"),
+            "pub(crate) enum TaskStatus {".to_string(),
+        ),
+        (
+            root.join("crates/arena-client/src/config.rs"),
+            "pub enum RouteMode {\n}\npub enum LlmProtocol {".to_string(),
+        ),
+        (
+            root.join("crates/reward-routing/src/time.rs"),
+            "struct Seconds(f64);".to_string(),
+        ),
     ];
     let problems = check_vocabulary(&files, root);
-    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems.len(), 5, "{problems:?}");
     assert!(
         problems[0].starts_with("crates/arena-client/src/streams.rs defines"),
         "{problems:?}"
     );
+    for def in ["TaskStatus", "LlmProtocol", "RouteMode", "Seconds"] {
+        assert!(
+            problems.iter().any(|p| p.contains(def)),
+            "{def} defined again is caught: {problems:?}"
+        );
+    }
 }
 
 /// Where a shared leaf crate's mechanism is defined again outside it, and leaf crates without tests.

@@ -34,9 +34,9 @@ use crate::train::{FrozenPolicy, TrainStep, build_batch};
 pub async fn train(config: RunConfig, env: &Env, plugins: Plugins) -> Result<RunSummary> {
     let Plugins { engine, step } = plugins;
     let run = Arc::new(setup(config, env, engine).await?);
-    let result = Trainer::start(run.clone(), step).await;
+    let result = TrainingLoop::start(run.clone(), step).await;
     let result = match result {
-        Ok(trainer) => trainer.run().await,
+        Ok(training) => training.run().await,
         Err(e) => Err(e),
     };
     finish(&run).await;
@@ -60,8 +60,9 @@ async fn on_blocking<T: Send + 'static>(
     out
 }
 
-/// The consumer side of the loop: the training step, the version, and what the run has done so far.
-struct Trainer {
+/// The consumer side of the training loop: the training step, the policy version, and what the run has done
+/// so far.
+struct TrainingLoop {
     run: Arc<Run>,
     step: Box<dyn TrainStep>,
     model_dir: PathBuf,
@@ -77,7 +78,7 @@ struct Trainer {
     warned_idle: bool,
 }
 
-impl Trainer {
+impl TrainingLoop {
     /// Saves the redacted config, begins the training step and resumes from the newest checkpoint.
     async fn start(run: Arc<Run>, mut step: Box<dyn TrainStep>) -> Result<Self> {
         save_config(&run)?;
@@ -88,7 +89,7 @@ impl Trainer {
             s.begin(total)
         })
         .await?;
-        let mut trainer = Self {
+        let mut training = Self {
             done: Arc::new(run.replay.rollouts.clone()),
             run,
             step,
@@ -103,13 +104,13 @@ impl Trainer {
             trained: 0,
             warned_idle: false,
         };
-        trainer.resume().await?;
-        trainer
+        training.resume().await?;
+        training
             .run
             .workflow
             .policy_version
-            .store(trainer.version, Ordering::SeqCst);
-        Ok(trainer)
+            .store(training.version, Ordering::SeqCst);
+        Ok(training)
     }
 
     async fn resume(&mut self) -> Result<()> {
