@@ -299,16 +299,20 @@ impl ProxyControl {
     }
 
     /// `POST /export_trajectories`: the session's trajectories; the proxy forgets the session.
+    /// `episode_reward`, sent only when it is `Some`, asks the proxy to score every chain of a `concat`
+    /// export with it when the session's graph is unambiguous.
     pub async fn export(
         &self,
         session_id: &str,
         style: ExportStyle,
         discount: f64,
         final_reward: Option<f64>,
+        episode_reward: Option<f64>,
     ) -> Result<ExportReply, ControlError> {
         let request = ExportRequest {
             discount,
             final_reward,
+            episode_reward,
             ..ExportRequest::new(session_id, style)
         };
         self.call("POST /export_trajectories", Delivery::AtMostOnce, Some(&request))

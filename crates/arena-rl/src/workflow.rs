@@ -75,6 +75,9 @@ pub struct Workflow {
     pub export_style: rollout_proxy::ExportStyle,
     /// `proxy.turn_discount`.
     pub turn_discount: f64,
+    /// `proxy.episode_reward_for_export`: a successful task's reward scores every chain of its `concat`
+    /// export when the session's graph is unambiguous.
+    pub episode_reward_for_export: bool,
     /// Samples per group.
     pub n_samples: u32,
     /// The policy version sessions start under (for records).

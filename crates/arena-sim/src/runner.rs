@@ -67,6 +67,12 @@ pub struct LlmRunnerDef {
     /// in milliseconds; with `route_gc_idle_ms` it makes a route expire unless the client renews it.
     #[serde(default)]
     pub start_delay_ms: u64,
+    /// The model calls after which the harness compacts its context, as Claude Code's auto-compaction
+    /// does: the next call's conversation opens with a rewritten first message (a summary header), so it
+    /// extends no earlier request and the rollout proxy records it as a new root, one more `concat` chain.
+    /// The later turns still see the earlier exchange, so the task goes on where it was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compact_after_calls: Vec<u32>,
 }
 
 impl Default for LlmRunnerDef {
@@ -77,6 +83,7 @@ impl Default for LlmRunnerDef {
             max_tokens: None,
             faults: Vec::new(),
             start_delay_ms: 0,
+            compact_after_calls: Vec::new(),
         }
     }
 }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::error::{ApiError, ApiErrorKind};
-use crate::export::{ExportOptions, ExportedSession};
+use crate::export::{ExportOptions, ExportStyle, ExportedSession};
 use crate::integrity;
 use crate::metrics::Metrics;
 use crate::state::{Caller, ProxyState, SessionRewards};
@@ -270,6 +270,17 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
     if request.final_reward.is_some_and(|r| !r.is_finite()) {
         return Err(ApiError::invalid("final_reward must be finite").with_param("final_reward"));
     }
+    if let Some(r) = request.episode_reward {
+        if request.style != ExportStyle::Concat {
+            return Err(
+                ApiError::invalid("Episode reward assignment requires concat export")
+                    .with_param("episode_reward"),
+            );
+        }
+        if !r.is_finite() {
+            return Err(ApiError::invalid("Episode reward must be finite").with_param("episode_reward"));
+        }
+    }
     let wait = match request.wait_timeout_seconds {
         None => state.shared().config.export_wait_timeout,
         Some(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s.min(86_400.0)),
@@ -286,6 +297,7 @@ async fn export(state: &ProxyState, headers: &HeaderMap, request: Body) -> Resul
         discount: request.discount,
         drop_retry_orphans: request.drop_retry_orphans,
         final_reward: request.final_reward,
+        episode_reward: request.episode_reward,
         max_amplification: state.shared().config.limits.max_export_amplification,
     };
     let mut ended = state.store().ended_watch(&id)?;

@@ -47,6 +47,17 @@
 //! unset rewards count as 0); `reward` is the discounted value and `original_reward` the value as set.
 //! Under [`crate::SessionRewards::Ignore`] a reward a session set with its own key was never kept, so
 //! only the admin's rewards and `final_reward` appear here.
+//!
+//! # The episode's reward (`episode_reward`, opt-in)
+//!
+//! A harness that compacts its context starts a new conversation the proxy records as a new root, so one
+//! episode exports several `concat` chains, and only the newest carries the reward. A leaf's missing reward
+//! is never inferred from the episode's; `episode_reward` (finite, `concat` only, else 400) asks for it when
+//! the graph is unambiguous: then every exported leaf gets `reward` and `original_reward` equal to it, so
+//! each chain is scored once and the episode stays one rollout (AReaL #1751's `assign_episode_reward`,
+//! `arena-2026.md` 2.10). Nothing changes, with a warning, when a turn is reached from two leaves (a shared
+//! ancestor: a retried or branched turn), a turn of a chain has no output, a turn that is not a leaf has a
+//! reward, or a leaf's reward differs from the episode's; nor when no leaf lacks a reward.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +88,9 @@ pub struct ExportOptions {
     pub drop_retry_orphans: bool,
     /// Overrides the newest interaction's reward before discounting.
     pub final_reward: Option<f64>,
+    /// The episode's reward, for every leaf of a `concat` export when the session's graph is unambiguous
+    /// (a compacted session's chains; the rules are in the module docs).
+    pub episode_reward: Option<f64>,
     /// A `concat` export writes at most this many times the tokens the session stored (see
     /// [`crate::SessionLimits::max_export_amplification`]).
     pub max_amplification: u32,
@@ -89,6 +103,7 @@ impl Default for ExportOptions {
             discount: 1.0,
             drop_retry_orphans: false,
             final_reward: None,
+            episode_reward: None,
             max_amplification: 4,
         }
     }

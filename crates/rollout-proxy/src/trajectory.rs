@@ -268,6 +268,16 @@ impl Trajectory {
             let mut flags = keep.into_iter();
             chosen.retain(|_| flags.next().unwrap_or(false));
         }
+        let (mut discounted, mut original) = (discounted, original);
+        if let Some(r) = options.episode_reward
+            && options.style == ExportStyle::Concat
+            && self.episode_reward_fits(session_id, &chosen, &kept, options.final_reward, r)
+        {
+            for &leaf in &chosen {
+                discounted[leaf] = r;
+                original[leaf] = r;
+            }
+        }
         let trajectories = chosen
             .iter()
             .map(|&i| {
@@ -282,6 +292,60 @@ impl Trajectory {
             })
             .collect();
         Ok((trajectories, dropped))
+    }
+
+    /// Whether the episode's reward `r` may score every exported leaf (`leaves`) of a `concat` export:
+    /// some leaf has no reward of its own, and the graph is unambiguous (no turn reached from two leaves,
+    /// every turn with output, no reward on a turn that is not a leaf, no leaf's reward other than `r`).
+    /// `final_reward` is the reward of the newest kept interaction. Says why when it may not.
+    fn episode_reward_fits(
+        &self,
+        session_id: &str,
+        leaves: &[usize],
+        kept: &[usize],
+        final_reward: Option<f64>,
+        r: f64,
+    ) -> bool {
+        let newest = kept.last().copied();
+        let reward_of = |i: usize| match final_reward {
+            Some(f) if Some(i) == newest => Some(f),
+            _ => self.interactions[i].reward,
+        };
+        if leaves.iter().all(|&leaf| reward_of(leaf).is_some()) {
+            return false;
+        }
+        let mut seen = vec![false; self.interactions.len()];
+        let problem = leaves.iter().find_map(|&leaf| {
+            if reward_of(leaf).is_some_and(|own| own != r) {
+                return Some(format!(
+                    "leaf {} is scored {:?}",
+                    self.interactions[leaf].id,
+                    reward_of(leaf)
+                ));
+            }
+            self.lineage(leaf as u32).into_iter().find_map(|turn| {
+                let turn = turn as usize;
+                let it = &self.interactions[turn];
+                if std::mem::replace(&mut seen[turn], true) {
+                    Some(format!("turn {} is shared by two chains", it.id))
+                } else if it.output.is_empty() {
+                    Some(format!("turn {} has no output", it.id))
+                } else if turn != leaf && reward_of(turn).is_some() {
+                    Some(format!("turn {} is scored but not a leaf", it.id))
+                } else {
+                    None
+                }
+            })
+        });
+        if let Some(problem) = problem {
+            tracing::warn!(
+                session_id,
+                %problem,
+                "the session has ambiguous or explicitly scored branches; leaving missing rewards unchanged"
+            );
+            return false;
+        }
+        true
     }
 
     /// The interactions an export keeps (oldest first) and every interaction's discounted and original

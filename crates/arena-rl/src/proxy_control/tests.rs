@@ -116,7 +116,9 @@ async fn a_lost_reply_is_not_resent_for_calls_that_act_once() {
     let failures = [
         c.grant().await.map(|_| ()),
         c.start("17:3").await.map(|_| ()),
-        c.export("s-1", ExportStyle::Concat, 1.0, None).await.map(|_| ()),
+        c.export("s-1", ExportStyle::Concat, 1.0, None, None)
+            .await
+            .map(|_| ()),
     ];
     for failure in failures {
         let e = failure.expect_err("the server never answers");
@@ -234,4 +236,23 @@ async fn replies_that_are_not_the_wire_type_are_typed_errors() {
         .await
         .expect_err("refused here");
     assert!(matches!(e, ControlError::NonFiniteReward(r) if r.is_nan()), "{e}");
+}
+
+/// `arena-2026.md` 3.5 test 6 (`test_proxy_client_sends_episode_reward_only_when_requested`): the export
+/// request carries `episode_reward` exactly when one is given, 0.0 included.
+#[tokio::test]
+async fn the_episode_reward_is_sent_only_when_requested() {
+    for (asked, sent) in [
+        (None, None),
+        (Some(0.0), Some(serde_json::json!(0.0))),
+        (Some(0.5), Some(serde_json::json!(0.5))),
+    ] {
+        let (base, seen) = scripted(vec![Step::Drop]).await;
+        let _ = client(&base)
+            .export("s-1", ExportStyle::Concat, 1.0, Some(0.5), asked)
+            .await;
+        let seen = seen.lock().expect("log");
+        let body: serde_json::Value = serde_json::from_str(&seen[0].1).expect("json");
+        assert_eq!(body.get("episode_reward").cloned(), sent, "{body}");
+    }
 }

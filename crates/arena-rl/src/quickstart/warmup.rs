@@ -264,6 +264,7 @@ async fn one(
             rollout_proxy::ExportStyle::Concat,
             1.0,
             Some(0.0),
+            None,
         )
         .await?;
     let [trajectory] = export.trajectories.as_slice() else {

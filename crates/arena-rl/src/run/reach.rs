@@ -183,6 +183,7 @@ async fn check_route(
             rollout_proxy::ExportStyle::Individual,
             1.0,
             None,
+            None,
         )
         .await;
     match checked {

@@ -265,6 +265,7 @@ pub async fn setup(config: RunConfig, env: &Env, engine: Option<EngineHandle>) -
         resume_keys,
         export_style: settings::export_style(&config),
         turn_discount: config.proxy.turn_discount,
+        episode_reward_for_export: config.proxy.episode_reward_for_export,
         n_samples: config.gconfig.n_samples,
         policy_version: Arc::new(AtomicU64::new(0)),
         group_settings: settings::group_settings(&config),

@@ -211,7 +211,12 @@ impl Workflow {
         {
             tracing::warn!(session = %session.session_id, error = %format!("{e:#}"), "set_reward failed");
         }
-        let mut trajectories = self.export(session, reward).await;
+        let episode_reward = episode_reward_for_export(
+            self.episode_reward_for_export,
+            self.export_style,
+            &routed.decision,
+        );
+        let mut trajectories = self.export(session, reward, episode_reward).await;
         let findings = integrity_findings(&trajectories);
         let nonempty = reward.is_some() && !trajectories.is_empty();
         let after = routed.after_export(nonempty);
@@ -246,10 +251,21 @@ impl Workflow {
     }
 
     /// The session's trajectories; an export failure is logged and leaves none.
-    async fn export(&self, session: &Session, reward: Option<f64>) -> Vec<ExportedTrajectory> {
+    async fn export(
+        &self,
+        session: &Session,
+        reward: Option<f64>,
+        episode_reward: Option<f64>,
+    ) -> Vec<ExportedTrajectory> {
         let exported = self
             .proxy
-            .export(&session.session_id, self.export_style, self.turn_discount, reward)
+            .export(
+                &session.session_id,
+                self.export_style,
+                self.turn_discount,
+                reward,
+                episode_reward,
+            )
             .await;
         match exported {
             Ok(e) => e.trajectories,
@@ -258,6 +274,20 @@ impl Workflow {
                 Vec::new()
             }
         }
+    }
+}
+
+/// The reward that may score every chain of a compacted session's export (`arena-2026.md` 2.10, AReaL
+/// #1751's `get_episode_reward_for_export`): a successful task's, only when asked and for a `concat`
+/// export; never a failure's zero or a rejection. The proxy applies it only where the graph is unambiguous.
+fn episode_reward_for_export(
+    asked: bool,
+    style: rollout_proxy::ExportStyle,
+    decision: &Decision,
+) -> Option<f64> {
+    match decision {
+        Decision::Train(r) if asked && style == rollout_proxy::ExportStyle::Concat => Some(*r),
+        _ => None,
     }
 }
 
@@ -348,3 +378,6 @@ fn routing_facts(report: &RolloutReport, routed: &Routed) -> RoutingFacts {
         reward: routed.decision.reward(),
     }
 }
+
+#[cfg(test)]
+mod tests;

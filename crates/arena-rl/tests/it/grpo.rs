@@ -294,7 +294,7 @@ async fn tokens_sampled_at_each_protocols_temperature_train_without_drift() {
             );
             control.end(&session.session_id).await.unwrap();
             let export = control
-                .export(&session.session_id, ExportStyle::Concat, 1.0, Some(1.0))
+                .export(&session.session_id, ExportStyle::Concat, 1.0, Some(1.0), None)
                 .await
                 .unwrap();
             for t in export.trajectories {

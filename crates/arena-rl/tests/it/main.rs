@@ -2,6 +2,7 @@
 
 mod config;
 mod dispositions;
+mod episode_reward;
 mod errors;
 mod eval;
 mod fsdp2;

@@ -270,7 +270,7 @@ async fn a_run_s_proxy_never_exports_a_reward_a_session_sets_itself() {
     assert!(reply.starts_with("HTTP/1.1 200"), "the call is answered: {reply}");
     control.end(&session.session_id).await.expect("ends");
     let export = control
-        .export(&session.session_id, ExportStyle::Individual, 1.0, Some(0.5))
+        .export(&session.session_id, ExportStyle::Individual, 1.0, Some(0.5), None)
         .await
         .expect("exports");
     assert_eq!(export.trajectories.len(), 2);

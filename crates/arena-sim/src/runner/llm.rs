@@ -46,6 +46,14 @@ impl Exercise for ShellTask {
     }
 }
 
+/// Compacts a conversation for the `n`-th time: its first message, the task's opening, gets a summary
+/// header, so the next request extends no earlier one.
+fn compact(history: &mut [Value], n: u32) {
+    if let Some(Value::String(text)) = history.first_mut().and_then(|m| m.get_mut("content")) {
+        *text = format!("[context compacted {n} time(s); the earlier turns follow]\n{text}");
+    }
+}
+
 /// A harness that calls the model over one protocol and grades its final answer.
 #[derive(Clone)]
 pub struct LlmHarness {
@@ -303,6 +311,7 @@ impl Inner {
         let protocol = self.protocol;
         let mut history = task.opening(protocol);
         let tools = task.offered(protocol);
+        let mut compactions = 0;
         for _ in 0..max_turns {
             let body = wire::request_body(protocol, &conn.model, &history, &tools, self.def.max_tokens);
             progress.model_calls += 1;
@@ -315,6 +324,10 @@ impl Inner {
             progress.tool_calls.extend(turn.calls.iter().cloned());
             history.extend(assistant_turn(protocol, &turn.text, &turn.calls));
             history.extend(tool_results(protocol, &results));
+            if self.def.compact_after_calls.contains(&progress.model_calls) {
+                compactions += 1;
+                compact(&mut history, compactions);
+            }
         }
         Ok(None)
     }

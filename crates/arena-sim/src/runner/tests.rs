@@ -283,6 +283,7 @@ fn configuration_problems_are_named() {
         timeout_ms: 0,
         max_tokens: None,
         start_delay_ms: 0,
+        compact_after_calls: Vec::new(),
         faults: vec![RunnerFault {
             status: "DONE".into(),
             probability: 2.0,

@@ -164,6 +164,10 @@ pub struct ExportRequest {
     /// Overrides the newest interaction's reward before discounting (finite).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_reward: Option<f64>,
+    /// The episode's reward for every leaf of a `concat` export whose graph is unambiguous (finite; see
+    /// [`crate::export`]); absent leaves missing rewards as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episode_reward: Option<f64>,
     /// Seconds to wait for `end_session` (non-negative); absent means the proxy's `export_wait_timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_timeout_seconds: Option<f64>,
@@ -184,6 +188,7 @@ impl ExportRequest {
             discount: 1.0,
             drop_retry_orphans: false,
             final_reward: None,
+            episode_reward: None,
             wait_timeout_seconds: None,
             supports_shared_tensor_references: None,
             is_eval: None,

@@ -271,3 +271,131 @@ fn a_concat_export_of_many_branches_writes_at_most_its_bound() {
         "the newest leaves, oldest first"
     );
 }
+
+/// A compacted session: one chain per entry of `shape`, each a root and its descendants, one output token
+/// per turn; turn `j` of chain `c` is `c{c}t{j}`.
+fn compacted(shape: &[usize]) -> Trajectory {
+    let mut t = Trajectory::default();
+    let mut key = 0u64;
+    for (c, &turns) in shape.iter().enumerate() {
+        let mut parent = None;
+        for j in 0..turns {
+            key += 2;
+            let index = t.len() as u32;
+            let token = 100 + index;
+            t.push(interaction(
+                &format!("c{c}t{j}"),
+                parent,
+                &[1],
+                &[token],
+                key,
+                key + 1,
+            ));
+            parent = Some(index);
+        }
+    }
+    t
+}
+
+fn concat(final_reward: Option<f64>, episode_reward: Option<f64>) -> ExportOptions {
+    ExportOptions {
+        style: ExportStyle::Concat,
+        final_reward,
+        episode_reward,
+        ..ExportOptions::default()
+    }
+}
+
+/// (interaction id, reward, original reward) of each exported leaf.
+fn leaf_rewards(out: &[ExportedTrajectory]) -> Vec<(String, f64, f64)> {
+    out.iter()
+        .map(|x| (x.interaction_id.clone(), x.reward, x.original_reward))
+        .collect()
+}
+
+/// `arena-2026.md` 3.5 test 1 (`test_arena_compacted_episode_scores_all_actions_once`), at small chain
+/// lengths: the episode's reward scores every chain's leaf once, each turn trains once, and without the
+/// opt-in the older chains keep no reward of their own.
+#[test]
+fn the_episode_reward_scores_every_chain_of_a_compacted_session_once() {
+    for r in [0.0, 0.5275] {
+        for shape in [&[3, 1, 2][..], &[2, 1, 1, 4][..]] {
+            let t = compacted(shape);
+            let out = t
+                .export("s", &json!({}), &concat(Some(r), Some(r)))
+                .expect("finite");
+            assert_eq!(out.len(), shape.len(), "one trajectory per chain");
+            for x in &out {
+                assert_eq!((x.reward, x.original_reward), (r, r), "{shape:?}: {x:?}");
+            }
+            let trained: usize = out
+                .iter()
+                .map(|x| x.loss_mask.iter().map(|m| usize::from(*m)).sum::<usize>())
+                .sum();
+            assert_eq!(trained, shape.iter().sum::<usize>(), "each turn trains once");
+
+            // The default infers nothing: only the newest chain is scored as set.
+            let plain = t.export("s", &json!({}), &concat(Some(r), None)).expect("finite");
+            let originals: Vec<f64> = plain.iter().map(|x| x.original_reward).collect();
+            let mut expected = vec![0.0; shape.len()];
+            expected[shape.len() - 1] = r;
+            assert_eq!(originals, expected, "{shape:?}");
+        }
+    }
+}
+
+/// `arena-2026.md` 3.5 test 2 (`test_arena_episode_reward_leaves_ambiguous_exports_unchanged`): a shared
+/// ancestor, a leaf scored otherwise, a scored ancestor and a turn without output each leave the export as
+/// it is without the opt-in. (The reference's `reference_conflict`, `token_rewards` and `cycle` cases have no
+/// counterpart here: there is no per-rollout reference on a turn, no dense token reward, and a parent is
+/// always an older turn.)
+#[test]
+fn an_ambiguous_graph_leaves_missing_rewards_unchanged() {
+    let r = 0.5;
+    let mut shared_ancestor = compacted(&[2, 1]);
+    shared_ancestor.push(interaction("branch", Some(0), &[1], &[9], 90, 91));
+    let mut scalar_conflict = compacted(&[2, 1, 1]);
+    scalar_conflict
+        .set_reward(Some("c1t0"), Some(0.25))
+        .expect("a leaf");
+    let mut ancestor_reward = compacted(&[2, 1]);
+    ancestor_reward
+        .set_reward(Some("c0t0"), Some(r))
+        .expect("an ancestor");
+    let mut incomplete = compacted(&[1, 1]);
+    incomplete.push(interaction("empty", None, &[1], &[], 80, 81));
+    incomplete.push(interaction("after", Some(2), &[1], &[7], 82, 83));
+    for (case, t) in [
+        ("shared_ancestor", shared_ancestor),
+        ("scalar_conflict", scalar_conflict),
+        ("ancestor_reward", ancestor_reward),
+        ("incomplete", incomplete),
+    ] {
+        let asked = t
+            .export("s", &json!({}), &concat(Some(r), Some(r)))
+            .expect("finite");
+        let plain = t.export("s", &json!({}), &concat(Some(r), None)).expect("finite");
+        assert_eq!(leaf_rewards(&asked), leaf_rewards(&plain), "{case}");
+        assert!(
+            asked.iter().any(|x| x.original_reward != r),
+            "{case}: some leaf stays unscored: {:?}",
+            leaf_rewards(&asked)
+        );
+    }
+}
+
+/// Every leaf already scored as the episode: nothing to fill, nothing changes; a leaf scored otherwise is
+/// never overwritten.
+#[test]
+fn scored_leaves_are_never_overwritten() {
+    let mut t = compacted(&[1, 1]);
+    t.set_reward(Some("c0t0"), Some(0.5)).expect("a leaf");
+    let out = t
+        .export("s", &json!({}), &concat(Some(0.5), Some(0.5)))
+        .expect("finite");
+    assert_eq!(
+        leaf_rewards(&out),
+        [("c0t0".to_string(), 1.0, 0.5), ("c1t0".to_string(), 0.5, 0.5)],
+        "discounted as before: c0t0 = 0.5 + 1.0 * 0.5"
+    );
+}

@@ -468,3 +468,54 @@ async fn an_overflow_after_the_stream_started_is_a_typed_event_in_every_protocol
     assert_eq!(failed["type"], "response.failed", "{}", r.text);
     assert_eq!(failed["response"]["error"]["code"], "context_length_exceeded");
 }
+
+/// `arena-2026.md` 3.5 test 5 (`test_proxy_episode_return_requires_opt_in`), over a real socket: a session
+/// whose harness compacted twice (three conversations, so three roots and three `concat` chains) gets the
+/// episode's reward on every chain only when the export asks for it; asked for another style, the export
+/// is refused and the session kept.
+#[tokio::test]
+async fn the_episode_reward_scores_every_compacted_chain_only_when_asked() {
+    let p = Proxy::default().await;
+    let compacted = |n: usize| {
+        json!({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": format!("[context compacted {n} times] hi")}
+        ]})
+    };
+    let mut leaves_by_ask = Vec::new();
+    for ask in [None, Some(0.5)] {
+        let (id, key) = p.session("t").await;
+        for n in 0..3 {
+            assert_eq!(p.chat(&key, compacted(n)).await.status, StatusCode::OK);
+        }
+        assert_eq!(p.end(&key).await.status, StatusCode::OK);
+        let r = p
+            .admin(
+                "/export_trajectories",
+                json!({"session_id": id, "style": "individual", "episode_reward": 0.5}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+        assert!(
+            r.text
+                .contains("Episode reward assignment requires concat export"),
+            "{}",
+            r.text
+        );
+        let r = p
+            .admin(
+                "/export_trajectories",
+                json!({"session_id": id, "style": "concat", "final_reward": 0.5, "episode_reward": ask}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        let exported: rollout_proxy::ExportedSession = serde_json::from_str(&r.text).expect("parses");
+        leaves_by_ask.push(
+            exported
+                .trajectories
+                .iter()
+                .map(|t| t.original_reward)
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(leaves_by_ask, [vec![0.0, 0.0, 0.5], vec![0.5, 0.5, 0.5]]);
+}

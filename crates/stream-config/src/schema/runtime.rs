@@ -81,6 +81,11 @@ pub struct ProxySection {
     pub export_style: ExportStyle,
     /// Reward discount across a session's turns (`r_i += turn_discount * r_{i+1}`).
     pub turn_discount: f64,
+    /// Score every chain of a `concat` export with the episode's reward when the session's graph is
+    /// unambiguous: a harness that compacts its context starts a new chain, and without this only the
+    /// newest chain carries the reward as set (AReaL #1751's `get_episode_reward_for_export`). Only for a
+    /// task that succeeded; needs `export_style: concat`. A leaf's missing reward is never inferred otherwise.
+    pub episode_reward_for_export: bool,
     /// Tool-call parser: `hermes`, `qwen3_coder` or `none`.
     pub tool_call_parser: ToolCallParser,
     /// Reasoning parser: `think` or `none`.
@@ -125,6 +130,7 @@ impl Default for ProxySection {
             export_wait_timeout_seconds: Seconds::of(600.0),
             export_style: ExportStyle::Concat,
             turn_discount: 1.0,
+            episode_reward_for_export: false,
             tool_call_parser: ToolCallParser::Hermes,
             reasoning_parser: ReasoningParser::Think,
             preprocessors: Vec::new(),
@@ -327,6 +333,12 @@ impl ProxySection {
         let d = self.turn_discount;
         if !(d.is_finite() && (0.0..=1.0).contains(&d)) {
             c.push(path.key("turn_discount"), format!("must be in [0, 1], got {d}"));
+        }
+        if self.episode_reward_for_export && self.export_style != ExportStyle::Concat {
+            c.push(
+                path.key("episode_reward_for_export"),
+                "needs proxy.export_style: concat (an individual export keeps each turn's own reward)",
+            );
         }
         for (key, seconds) in [
             ("header_read_timeout_seconds", self.header_read_timeout_seconds),

@@ -152,6 +152,10 @@ fn loop_sections_have_the_reference_defaults() {
     let config = RunConfig::default();
     assert_eq!(config.proxy.export_style, ExportStyle::Concat);
     assert_eq!(config.proxy.turn_discount, 1.0);
+    assert!(
+        !config.proxy.episode_reward_for_export,
+        "a chain's missing reward is never inferred unless asked"
+    );
     assert_eq!(config.proxy.session_timeout_seconds.get(), 3600.0);
     assert_eq!(config.proxy.admin_key_env, "SWE_RL_ADMIN_API_KEY");
     assert_eq!(config.rollout.max_head_offpolicyness, 0);
@@ -217,6 +221,8 @@ fn the_proxy_s_limits_default_to_its_own_and_must_be_positive() {
 fn loop_sections_report_every_problem_at_once() {
     let problems = loop_problems(&[
         "proxy.turn_discount=1.5",
+        "proxy.export_style=individual",
+        "proxy.episode_reward_for_export=true",
         "proxy.session_timeout_seconds=0",
         "rollout.max_concurrent_rollouts=0",
         "rollout.policy_servers=[http://a:1, ftp://b]",
@@ -230,6 +236,7 @@ fn loop_sections_report_every_problem_at_once() {
     let text = problems.join("\n");
     for needle in [
         "proxy.turn_discount: must be in [0, 1], got 1.5",
+        "proxy.episode_reward_for_export: needs proxy.export_style: concat",
         "proxy.session_timeout_seconds: must be a positive number of seconds, at most 1e9, got 0",
         "rollout.max_concurrent_rollouts: must be >= 1 or null, got 0",
         "rollout.policy_servers[1]: \"ftp://b\" must be an http:// or https:// URL",
@@ -241,7 +248,7 @@ fn loop_sections_report_every_problem_at_once() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
-    assert_eq!(problems.len(), 9, "{text}");
+    assert_eq!(problems.len(), 10, "{text}");
 }
 
 #[test]
