@@ -138,7 +138,7 @@ impl Workflow {
         done: &BTreeMap<SampleKey, RolloutRecord>,
     ) -> Result<GroupRun> {
         let eval = scope == Scope::EvalRollout;
-        let mut handles = Vec::new();
+        let mut handles = Samples(Vec::new());
         for sample in 0..self.n_samples {
             let key = SampleKey {
                 eval,
@@ -156,16 +156,20 @@ impl Workflow {
                         drawn: format!("{}/{}", row.stream, row.row.data_id),
                     });
                 }
-                handles.push(tokio::spawn(std::future::ready(Ok((record.clone(), Vec::new())))));
+                handles
+                    .0
+                    .push(tokio::spawn(std::future::ready(Ok((record.clone(), Vec::new())))));
                 continue;
             }
             let me = self.clone();
             let row = row.clone();
-            handles.push(tokio::spawn(async move { me.run_sample(key, &row, scope).await }));
+            handles
+                .0
+                .push(tokio::spawn(async move { me.run_sample(key, &row, scope).await }));
         }
         let mut records = Vec::new();
         let mut metrics = Vec::new();
-        for h in handles {
+        for h in &mut handles.0 {
             let (record, m) = h.await.context("a rollout")??;
             records.push(record);
             metrics.extend(m);
@@ -282,5 +286,18 @@ impl Workflow {
             }
         }
         Ok((deleted, cancelled))
+    }
+}
+
+/// A group's sample tasks, aborted when the group is dropped before they finish: a run that stops (an error
+/// in another group, an evaluation interrupted) leaves no rollout of it running on, which could still
+/// journal a result the next run would read.
+struct Samples(Vec<tokio::task::JoinHandle<Result<(RolloutRecord, Vec<Metric>)>>>);
+
+impl Drop for Samples {
+    fn drop(&mut self) {
+        for handle in &self.0 {
+            handle.abort();
+        }
     }
 }

@@ -251,7 +251,8 @@ async fn an_eval_stopped_part_way_resumes_without_running_a_task_twice() {
     }
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
-    let recorded = results(&opts.out, "candidate").len();
+    let before = results(&opts.out, "candidate");
+    let recorded = before.len();
     assert!(recorded < 16, "stopped part way: {recorded}");
     let engines = EvalEngines {
         candidate: Some(OracleEngine::new(&model, 0).handle()),
@@ -266,15 +267,24 @@ async fn an_eval_stopped_part_way_resumes_without_running_a_task_twice() {
         "reused the journal: ran {}",
         summary.ran.0
     );
+    // A task that finished before the stop is collected, never run again. The stop aborts the samples in
+    // flight with the proxy their harnesses call, as a kill would: such a task may fail on the dead proxy
+    // and be launched once more, so at most `max_concurrent_rollouts` (2) launches are added.
     let launches = sim.counters().launches_by_data_id;
     for id in &manifest {
-        assert_eq!(
-            launches.get(id),
-            Some(&2),
-            "{id} launched once per sample: {launches:?} {:?}",
+        let n = launches.get(id).copied().unwrap_or(0);
+        let finished = before.iter().filter(|l| l.task_id == *id).count();
+        assert!(
+            (2..=4).contains(&n) && (finished < 2 || n == 2),
+            "{id} launched {n} times with {finished} samples finished before the stop: {launches:?} {:?}",
             all.iter().filter(|l| l.task_id == *id).collect::<Vec<_>>()
         );
     }
+    let total: u64 = launches.values().sum();
+    assert!(
+        total <= 16 + 2,
+        "at most the 2 samples in flight ran again: {launches:?}"
+    );
     assert_eq!(
         summary.figures.candidate[0].1.n + summary.figures.candidate[0].1.excluded,
         16
