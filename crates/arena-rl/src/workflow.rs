@@ -292,7 +292,10 @@ impl Workflow {
 /// A group's sample tasks, aborted when the group is dropped before they finish: a run that stops (an error
 /// in another group, an evaluation interrupted) leaves no rollout of it running on, which could still
 /// journal a result the next run would read.
-struct Samples(Vec<tokio::task::JoinHandle<Result<(RolloutRecord, Vec<Metric>)>>>);
+struct Samples(Vec<tokio::task::JoinHandle<Result<SampleRun>>>);
+
+/// One sample's record and the metrics to record for it.
+type SampleRun = (RolloutRecord, Vec<Metric>);
 
 impl Drop for Samples {
     fn drop(&mut self) {
