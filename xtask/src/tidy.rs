@@ -6,7 +6,8 @@
 //! the rules no manifest shows: `anyhow` only at `arena-rl`'s edges (`main.rs`, `cmd/`), no Arena
 //! registration, launch or poll in `arena-rl` (`arena-client`'s `run_rollout` owns the lifecycle), one
 //! definition of each piece of shared vocabulary, in `stream-config`, one copy of each shared mechanism, in
-//! its leaf crate ([`SHARED_LEAVES`]), and no circle among `rollout-proxy`'s modules.
+//! its leaf crate ([`SHARED_LEAVES`]), no circle among `rollout-proxy`'s modules, and no run-time type test
+//! in `trainer` ([`TYPE_TESTS`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
@@ -408,6 +409,64 @@ fn arena_sim_files_stay_small() {
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
         problems[0].starts_with("arena-sim/src/server.rs has 501 lines"),
+        "{problems:?}"
+    );
+}
+
+/// Run-time type tests that would choose a backend behind burn's back; `trainer` dispatches through
+/// `impl Kernels for` each backend instead.
+const TYPE_TESTS: &[&str] = &["TypeId", "type_name", "Any::is", ".is::<", "downcast"];
+
+/// `trainer`'s sources that test types at run time ([`TYPE_TESTS`], outside comments, as whole words).
+fn check_trainer_dispatch(files: &[(std::path::PathBuf, String)], src: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (path, text) in files {
+        let code = without_comments(text);
+        for word in TYPE_TESTS {
+            let starts_word = word.starts_with(|c: char| c.is_alphanumeric());
+            let hit = code.match_indices(word).any(|(i, _)| {
+                !starts_word
+                    || !code[..i]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if hit {
+                problems.push(format!(
+                    "trainer/src/{} uses `{word}`: backend-specific code is an `impl Kernels for` the backend",
+                    path.strip_prefix(src).unwrap_or(path).display()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn trainer_dispatches_through_kernels() {
+    let src = workspace_root().join("crates/trainer/src");
+    let problems = check_trainer_dispatch(&sources(&src), &src);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let fake = Path::new("/x/crates/trainer/src");
+    let files = vec![
+        (
+            fake.join("a.rs"),
+            "if TypeId::of::<B>() == TypeId::of::<Cpu>() {}".to_string(),
+        ),
+        (
+            fake.join("b.rs"),
+            "let t = (&p as &dyn Any).downcast_ref::<T>();".to_string(),
+        ),
+        (
+            fake.join("c.rs"),
+            "let dtype_name = 1; // a TypeId in a comment".to_string(),
+        ),
+        (fake.join("d.rs"), "if any.is::<NdArrayTensor>() {}".to_string()),
+    ];
+    let problems = check_trainer_dispatch(&files, fake);
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0].starts_with("trainer/src/a.rs uses `TypeId`"),
         "{problems:?}"
     );
 }

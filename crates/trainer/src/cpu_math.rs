@@ -1,7 +1,13 @@
-//! The array side of the CPU kernels, shared by inference (`inference_cpu.rs`) and training (`train/cpu.rs`):
-//! forward and backward of each fused operation on ndarray views, without burn. Rows are independent, so large inputs are split over rayon by rows.
+//! The array side of the CPU kernels (`kernels/cpu.rs`), for generation and training alike: forward and
+//! backward of each fused operation on ndarray views, without burn. One projection for every layout of its
+//! weight, and one attention per memory layout: packed sequences ([`attention_forward`] and its backward
+//! pass) and key/value cache columns ([`cached_attention`]). Rows are independent, so large inputs are split
+//! over rayon by rows.
 
-use ndarray::{Array1, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Zip, s};
+use ndarray::{
+    Array1, Array2, Array3, Array4, ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2, Axis, Zip,
+    s,
+};
 use rayon::prelude::*;
 
 use crate::train::pack::SegmentRun;
@@ -725,4 +731,271 @@ pub(crate) fn attention_backward(
         dvg += &dvt;
     }
     (dq, dk, dv)
+}
+
+/// Up to this many input rows, the dot-product kernel beats the packed matrix product for a row-major
+/// weight.
+pub(crate) const SMALL_ROWS: usize = 4;
+
+/// Below this many input rows a projection stays on one thread unless its weight is large: for a decode
+/// batch, waking the pool costs more than the second core saves.
+const PARALLEL_ROWS: usize = 32;
+
+/// A weight of at least this many elements is split over threads even for few rows: an output projection
+/// over the vocabulary, and the projections of a model of SmolLM2-135M's width (576 by 1536: one thread
+/// for those left the second core idle through most of a decode step at batch 16).
+const PARALLEL_WEIGHT: usize = 1 << 18;
+
+/// Below this many multiply-adds the dot-product projection stays on one thread.
+const PARALLEL_DOTS: usize = 1 << 16;
+
+/// Below this much work (`batch * heads * len * keys * d`) attention over the cache stays on one thread: a
+/// decode step's heads are too small to be worth waking the pool for.
+const PARALLEL_CACHED_ATTENTION: usize = 1 << 20;
+
+/// Query rows per block of attention over the cache; each block multiplies only by the keys its rows may
+/// see.
+pub(crate) const QUERY_BLOCK: usize = 64;
+
+/// The projection `x W^T` of every CPU path, for `x` `[rows, in]` and `W` `[out, in]` in any layout.
+///
+/// A column-major weight (the inference engine's, see `kernels/cpu.rs`) is read in place by gemm at any
+/// row count; a row-major one would be repacked by gemm on every call, which for a decode batch cost three
+/// times the multiplication, so a handful of rows take the dot-product kernel instead.
+/// Large products run on rayon's threads, also from inside a pool (the generation engine runs in its own).
+pub(crate) fn project(x: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>) -> Array2<f32> {
+    let column_major = w.strides()[0] == 1 && w.nrows() > 1;
+    if !column_major && x.nrows() <= SMALL_ROWS {
+        return rows_times_weight(x, w);
+    }
+    let (m, k, n) = (x.nrows(), x.ncols(), w.nrows());
+    let mut out = Array2::<f32>::zeros((m, n));
+    let parallel = m * n * k >= PARALLEL_WORK && (m >= PARALLEL_ROWS || n * k >= PARALLEL_WEIGHT);
+    gemm_with(out.view_mut(), x, w.t(), 1.0, false, parallel);
+    out
+}
+
+/// `x W^T` by dot products: each weight row is read once, for all input rows.
+fn rows_times_weight(x: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>) -> Array2<f32> {
+    let (rows, out_features) = (x.nrows(), w.nrows());
+    let x = x.as_standard_layout();
+    let w = w.as_standard_layout();
+    let x_rows: Vec<&[f32]> = x
+        .axis_iter(Axis(0))
+        .map(|r| r.to_slice().expect("standard layout rows are contiguous"))
+        .collect();
+    let w_data = w.as_slice().expect("standard layout is contiguous");
+    let width = w.ncols();
+    // Output transposed ([out, rows]) so each task writes one contiguous block.
+    let mut out_t = vec![0.0f32; out_features * rows];
+    let work = |(o, block): (usize, &mut [f32])| {
+        let w_row = &w_data[o * width..(o + 1) * width];
+        for (r, slot) in block.iter_mut().enumerate() {
+            *slot = dot16(x_rows[r], w_row);
+        }
+    };
+    if rows * out_features * width >= PARALLEL_DOTS {
+        out_t.par_chunks_mut(rows).enumerate().for_each(work);
+    } else {
+        out_t.chunks_mut(rows).enumerate().for_each(work);
+    }
+    Array2::from_shape_vec((out_features, rows), out_t)
+        .expect("sized above")
+        .reversed_axes()
+        .as_standard_layout()
+        .into_owned()
+}
+
+/// A dot product with sixteen independent accumulators and a pairwise reduction, which the compiler
+/// vectorises.
+pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for j in 0..16 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut sum = 0.0;
+    for (x, y) in ar.iter().zip(br) {
+        sum += x * y;
+    }
+    for step in [8, 4, 2, 1] {
+        for j in 0..step {
+            acc[j] += acc[j + step];
+        }
+    }
+    acc[0] + sum
+}
+
+/// Grouped-query attention `softmax(scale * q k^T + bias) v` over a key/value cache: per head, two gemm
+/// calls on views of `q`, `k` and `v` (no copies) around a fused masked softmax, heads in parallel.
+///
+/// `q` is `[batch, heads, len, d]`, `k` and `v` `[batch, kv_heads, columns, d]` of which the first `keys`
+/// columns are used (the whole cache is passed as is), `bias` `[batch * len * keys]` (row-major
+/// `[batch, len, keys]`, 0 where attention is allowed); returns `[batch, heads, len, d]`.
+/// Each block of [`QUERY_BLOCK`] query rows multiplies only the keys between its first and last allowed
+/// one, so a causal prefill skips the masked upper triangle and holds one block's scores per thread.
+pub(crate) fn cached_attention(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    bias: &[f32],
+    keys: usize,
+    scale: f32,
+) -> Array4<f32> {
+    let (batch, heads, len, d) = q.dim();
+    let kv_heads = k.dim().1;
+    let groups = heads / kv_heads;
+    let threshold = crate::model::MASKED / 2.0;
+    let blocks = len.div_ceil(QUERY_BLOCK);
+    // A row with no allowed key keeps every key.
+    let key_ranges: Vec<(usize, usize)> = (0..batch * blocks)
+        .map(|i| {
+            let (b, block) = (i / blocks, i % blocks);
+            let (mut lo, mut hi) = (keys, 0);
+            for t in block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(len) {
+                let mask = &bias[(b * len + t) * keys..(b * len + t + 1) * keys];
+                let allowed = |m: &f32| *m > threshold;
+                match (mask.iter().position(allowed), mask.iter().rposition(allowed)) {
+                    (Some(first), Some(last)) => {
+                        lo = lo.min(first);
+                        hi = hi.max(last + 1);
+                    }
+                    _ => return (0, keys),
+                }
+            }
+            (lo, hi)
+        })
+        .collect();
+    let mut out = vec![0.0f32; batch * heads * len * d];
+    let head = |(i, out_h): (usize, &mut [f32])| {
+        let (b, h) = (i / heads, i % heads);
+        let g = h / groups;
+        let qh = q.slice(s![b, h, .., ..]);
+        let kh = k.slice(s![b, g, .., ..]);
+        let vh = v.slice(s![b, g, .., ..]);
+        let mut scores = vec![0.0f32; QUERY_BLOCK.min(len) * keys];
+        for block in 0..blocks {
+            let (t0, t1) = (block * QUERY_BLOCK, ((block + 1) * QUERY_BLOCK).min(len));
+            let (lo, hi) = key_ranges[b * blocks + block];
+            let (rows, width) = (t1 - t0, hi - lo);
+            let scores = &mut scores[..rows * width];
+            let mut sc =
+                ArrayViewMut2::from_shape((rows, width), &mut *scores).expect("sized as rows x width");
+            gemm_with(
+                sc.view_mut(),
+                qh.slice(s![t0..t1, ..]),
+                kh.slice(s![lo..hi, ..]).t(),
+                scale,
+                false,
+                false,
+            );
+            let first = (b * len + t0) * keys + lo;
+            softmax_rows(scores, width, &bias[first..], keys, threshold);
+            let probs = ArrayView2::from_shape((rows, width), &*scores).expect("sized as rows x width");
+            let dst =
+                ArrayViewMut2::from_shape((rows, d), &mut out_h[t0 * d..t1 * d]).expect("sized as rows x d");
+            gemm_with(dst, probs, vh.slice(s![lo..hi, ..]), 1.0, false, false);
+        }
+    };
+    if batch * heads * len * keys * d >= PARALLEL_CACHED_ATTENTION {
+        out.par_chunks_mut(len * d).enumerate().for_each(head);
+    } else {
+        out.chunks_mut(len * d).enumerate().for_each(head);
+    }
+    Array4::from_shape_vec((batch, heads, len, d), out).expect("sized above")
+}
+
+simd_fn! {
+    /// [`softmax_row`] on each `width`-long row of `scores`; row `r`'s mask starts at `mask[r * stride]`.
+    fn softmax_rows(scores: &mut [f32], width: usize, mask: &[f32], stride: usize, threshold: f32) {
+        for (r, row) in scores.chunks_mut(width).enumerate() {
+            softmax_row(row, &mask[r * stride..r * stride + width], threshold);
+        }
+    }
+}
+
+/// In place: `row = softmax(row)` over the keys `mask` allows (above `threshold`); masked keys get 0.
+#[inline(always)]
+fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
+    // The largest allowed score, with sixteen independent lanes and no branch, so the loop vectorises.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let (rows, masks) = (row.chunks_exact(16), mask.chunks_exact(16));
+    let mut max = f32::NEG_INFINITY;
+    for (x, m) in rows.remainder().iter().zip(masks.remainder()) {
+        if *m > threshold && *x > max {
+            max = *x;
+        }
+    }
+    for (xs, ms) in rows.zip(masks) {
+        for ((lane, x), m) in lanes.iter_mut().zip(xs).zip(ms) {
+            let v = if *m > threshold { *x } else { f32::NEG_INFINITY };
+            *lane = if v > *lane { v } else { *lane };
+        }
+    }
+    for lane in lanes {
+        if lane > max {
+            max = lane;
+        }
+    }
+    if max == f32::NEG_INFINITY {
+        // Every key masked (a padding row): attend uniformly, as an additive bias would.
+        let uniform = 1.0 / row.len() as f32;
+        row.fill(uniform);
+        return;
+    }
+    // Branch-free, so the loop vectorises; `fast_exp` is within about 1 ulp of `exp`.
+    for (x, m) in row.iter_mut().zip(mask) {
+        let e = fast_exp(*x - max);
+        *x = if *m > threshold { e } else { 0.0 };
+    }
+    let sum = sum8(row);
+    let inv = 1.0 / sum;
+    for x in row.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// [`sum`], inlined into the SIMD versions of its caller.
+#[inline(always)]
+fn sum8(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// A zeroed `[rows, heads, capacity, d]` array holding `parts` stacked along the rows: part `(t, cols, at)`
+/// contributes every row of `t` (`[n, heads, _, d]`), its columns `cols` written from column `at`.
+/// One copy per element, where burn's zeros, slice, slice-assign and concatenation make four.
+/// `None` when the parts disagree in heads or width, or a part does not fit.
+pub(crate) fn assemble(
+    parts: &[(ArrayView4<'_, f32>, std::ops::Range<usize>, usize)],
+    capacity: usize,
+) -> Option<Array4<f32>> {
+    let (_, heads, _, d) = parts.first()?.0.dim();
+    let mut rows = 0;
+    for (view, cols, at) in parts {
+        let (n, h, width, dd) = view.dim();
+        if h != heads || dd != d || cols.end > width || at + cols.len() > capacity {
+            return None;
+        }
+        rows += n;
+    }
+    let mut out = Array4::<f32>::zeros((rows, heads, capacity, d));
+    let mut row = 0;
+    for (view, cols, at) in parts {
+        let n = view.dim().0;
+        out.slice_mut(s![row..row + n, .., *at..*at + cols.len(), ..])
+            .assign(&view.slice(s![.., .., cols.clone(), ..]));
+        row += n;
+    }
+    Some(out)
 }

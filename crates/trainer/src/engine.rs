@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::kernels::Kernels;
 use crate::model::{AttnInput, CausalLm, KvCache, LayerKv, MASKED};
 use crate::policy::{FinishReason, GenerationEvent, GenerationRequest, Logits};
 use crate::rope::RopeTable;
@@ -62,7 +63,7 @@ struct Seq {
     generated: usize,
 }
 
-pub(crate) struct Engine<B: Backend> {
+pub(crate) struct GenerationLoop<B: Backend> {
     model: CausalLm<B>,
     config: ModelConfig,
     rope: RopeTable,
@@ -78,7 +79,7 @@ pub(crate) struct Engine<B: Backend> {
     paused: bool,
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: Kernels> GenerationLoop<B> {
     pub(crate) fn new(
         model: CausalLm<B>,
         config: ModelConfig,
@@ -88,7 +89,7 @@ impl<B: Backend> Engine<B> {
     ) -> Self {
         Self {
             rope: RopeTable::new(&config),
-            model: crate::inference_cpu::for_inference(model),
+            model: B::for_inference(model),
             config,
             device,
             shared,
@@ -166,7 +167,7 @@ impl<B: Backend> Engine<B> {
                 );
                 let result = match weights.check_against(&self.config) {
                     Ok(()) => {
-                        self.model = crate::inference_cpu::for_inference(
+                        self.model = B::for_inference(
                             model
                                 .load_weights(&self.config, &weights)
                                 .expect("weights were checked against the config just above"),
@@ -199,7 +200,7 @@ impl<B: Backend> Engine<B> {
         Logits {
             len,
             vocab,
-            data: to_f32_vec(logits),
+            data: B::to_host(logits),
         }
     }
 
@@ -238,7 +239,7 @@ impl<B: Backend> Engine<B> {
             .model
             .forward_hidden(self.int_tensor(ids, [n, width]), &input, Some(&mut fresh));
         let last = hidden.slice([0..n, width - 1..width]);
-        let logits = to_f32_vec(self.model.logits(last));
+        let logits = B::to_host(self.model.logits(last));
         let vocab = self.config.vocab_size;
 
         let mut new_seqs = Vec::new();
@@ -335,7 +336,7 @@ impl<B: Backend> Engine<B> {
         let input = AttnInput::new(&self.rope, &positions, bias, [b, 1, keys], &self.device);
         let ids = Tensor::from_data(TensorData::new(ids, [b, 1]), &self.device);
         let hidden = self.model.forward_hidden(ids, &input, Some(cache));
-        let logits = to_f32_vec(self.model.logits(hidden));
+        let logits = B::to_host(self.model.logits(hidden));
         let vocab = self.config.vocab_size;
         let max_positions = self.config.max_position_embeddings;
         let mut keep = vec![true; b];
@@ -432,7 +433,7 @@ impl Seq {
 }
 
 /// Copies columns `0..valid` of every layer to `shift..shift + valid` of a zeroed cache of `capacity`.
-fn relayout<B: Backend>(
+fn relayout<B: Kernels>(
     cache: KvCache<B>,
     shift: usize,
     valid: usize,
@@ -446,7 +447,7 @@ fn relayout<B: Backend>(
 }
 
 /// Drops the first `unused` columns and reallocates to `capacity`.
-fn shift_left<B: Backend>(
+fn shift_left<B: Kernels>(
     cache: KvCache<B>,
     unused: usize,
     capacity: usize,
@@ -461,7 +462,7 @@ fn shift_left<B: Backend>(
 
 /// The layers of a zeroed cache of `capacity` columns holding `parts` stacked along the rows: part
 /// `(cache, cols, at)` contributes every row of `cache`, its columns `cols` written from column `at`.
-fn assemble<B: Backend>(
+fn assemble<B: Kernels>(
     parts: &[(&KvCache<B>, std::ops::Range<usize>, usize)],
     capacity: usize,
     device: &B::Device,
@@ -472,19 +473,7 @@ fn assemble<B: Backend>(
             .iter()
             .map(|(c, cols, at)| (pick(&c.layers[i]), cols.clone(), *at))
             .collect();
-        crate::inference_cpu::assemble(&pieces, capacity).unwrap_or_else(|| {
-            let placed = pieces
-                .into_iter()
-                .map(|(t, cols, at)| {
-                    let [b, h, _, d] = t.dims();
-                    Tensor::zeros([b, h, capacity, d], device).slice_assign(
-                        [0..b, 0..h, at..at + cols.len(), 0..d],
-                        t.clone().slice([0..b, 0..h, cols, 0..d]),
-                    )
-                })
-                .collect();
-            Tensor::cat(placed, 0)
-        })
+        B::assemble(&pieces, capacity, device)
     };
     (0..layers)
         .map(|i| LayerKv {
@@ -510,10 +499,6 @@ fn select_rows<B: Backend>(cache: KvCache<B>, rows: &[usize], device: &B::Device
             .collect(),
         len: cache.len,
     }
-}
-
-fn to_f32_vec<const D: usize, B: Backend>(t: Tensor<B, D>) -> Vec<f32> {
-    crate::inference_cpu::host_f32(t)
 }
 
 /// A seed for requests that bring none.

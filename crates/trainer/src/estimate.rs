@@ -7,7 +7,7 @@
 //! model with the same architecture flags. [`MemoryEstimate`] is the dry run: parameters, the bytes of the
 //! f32 weights, gradients and AdamW moments, and the activations kept per trained token by the chunked
 //! training path with and without layer recompute, counted from what each kernel saves for its backward
-//! pass (`train/cpu.rs`, `train/cpu/layer.rs`). It prints as a short report.
+//! pass (`kernels/cpu.rs`, `kernels/cpu/layer.rs`). It prints as a short report.
 //! [`MemoryEstimate::fsdp2_gpu_bytes`] is the same step's peak on one GPU of an FSDP2 layout (the
 //! `fsdp2-trainer` worker): the sharded state, the units gathered whole at a time, the kept activations
 //! in the compute precision and the chunked output projection.

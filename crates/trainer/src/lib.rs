@@ -34,7 +34,7 @@ mod cpu_math;
 mod engine;
 pub mod error;
 pub mod estimate;
-mod inference_cpu;
+mod kernels;
 pub mod model;
 pub mod optim;
 pub mod policy;

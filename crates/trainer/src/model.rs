@@ -3,16 +3,22 @@
 //! Module and field names follow Hugging Face exactly (`model.layers.3.self_attn.q_proj.weight`), and every
 //! weight keeps Hugging Face's shape (`[out, in]` for projections), so burn's own parameter paths are the
 //! safetensors names and loading or saving is a rename-free copy.
-//! The same code runs under `Autodiff<NdArray>` for training and under the plain backend for inference.
+//! The generation forward pass lives here; every backend-specific operation in it comes from
+//! [`Kernels`], like the training pass's (`train/forward.rs`).
+
+#![expect(
+    private_bounds,
+    reason = "the forward passes need the crate's own `Kernels`, which every backend it runs on implements"
+)]
 
 use burn::module::ModuleMapper;
 use burn::module::{Module, Param, ParamId};
-use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
 use crate::backend::InferenceDtype;
 use crate::config::ModelConfig;
+use crate::kernels::{Kernels, RopeRows};
 use crate::rope::RopeTable;
 
 #[cfg(test)]
@@ -30,13 +36,13 @@ pub struct HfLinear<B: Backend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
 }
 
-impl<B: Backend> HfLinear<B> {
+impl<B: Kernels> HfLinear<B> {
     fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let mut dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
         let w = self.weight.val();
         let out_features = w.dims()[0];
-        let y = project(x.reshape([rows, dims[D - 1]]), w);
+        let y = B::project(x.reshape([rows, dims[D - 1]]), w, false);
         let y = match &self.bias {
             Some(b) => y + b.val().unsqueeze_dim(0),
             None => y,
@@ -44,25 +50,6 @@ impl<B: Backend> HfLinear<B> {
         dims[D - 1] = out_features;
         y.reshape(dims)
     }
-}
-
-/// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`, computed as `(W x^T)^T`: burn-ndarray's matmul copies a
-/// right-hand side that is not in standard layout, and copying the small activation is far cheaper than
-/// copying the weight matrix on every call.
-/// The plain CPU backend takes a faster path (see `inference_cpu.rs`).
-/// A bf16 weight (an inference policy's, [`CausalLm::with_matrices_in`]) multiplies a bf16 copy of `x`,
-/// and the product comes back in f32.
-fn project<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
-    if let Some(y) = crate::inference_cpu::project(&x, &w) {
-        return y;
-    }
-    if w.dtype() == DType::BF16 {
-        return w
-            .matmul(x.cast(FloatDType::BF16).transpose())
-            .transpose()
-            .cast(FloatDType::F32);
-    }
-    w.matmul(x.transpose()).transpose()
 }
 
 /// Root-mean-square normalisation over the last dimension, with a learned scale.
@@ -74,14 +61,11 @@ pub struct RmsNorm<B: Backend> {
     pub eps: f64,
 }
 
-impl<B: Backend> RmsNorm<B> {
+impl<B: Kernels> RmsNorm<B> {
     fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        if let Some(y) = crate::inference_cpu::rms_norm(&x, &self.weight.val(), self.eps) {
-            return y;
-        }
-        let ms = (x.clone() * x.clone()).mean_dim(D - 1);
-        // A division, not `recip()`: burn-ndarray's SIMD reciprocal is an approximation (~1e-4 relative).
-        x / (ms + self.eps).sqrt() * self.weight.val().unsqueeze::<D>()
+        let dims = x.dims();
+        let rows: usize = dims[..D - 1].iter().product();
+        B::rms_norm(x.reshape([rows, dims[D - 1]]), self.weight.val(), self.eps).reshape(dims)
     }
 }
 
@@ -142,13 +126,13 @@ pub struct CausalLm<B: Backend> {
 
 /// Where each query sits and what it may attend to, for one forward pass of `[batch, len]` tokens.
 ///
-/// `cos`/`sin` are `[batch, 1, len, head_dim]`; `bias` is `[batch, 1, 1, len, keys]`, 0 where attention is
-/// allowed and [`MASKED`] elsewhere, where `keys` counts the cached columns before this pass plus `len`.
+/// `rope` holds the rotary tables of the `batch * len` queries; `bias` is `[batch, 1, 1, len, keys]`, 0
+/// where attention is allowed and [`MASKED`] elsewhere, where `keys` counts the cached columns before this
+/// pass plus `len`.
 #[derive(Clone, Debug)]
 pub struct AttnInput<B: Backend> {
-    pub cos: Tensor<B, 4>,
-    pub sin: Tensor<B, 4>,
-    pub bias: Tensor<B, 5>,
+    pub(crate) rope: RopeRows<B>,
+    pub(crate) bias: Tensor<B, 5>,
 }
 
 impl<B: Backend> AttnInput<B> {
@@ -162,11 +146,8 @@ impl<B: Backend> AttnInput<B> {
         device: &B::Device,
     ) -> Self {
         let (cos, sin) = rope.cos_sin(positions);
-        let d = rope.head_dim();
-        let shape4 = [batch, 1, len, d];
         Self {
-            cos: Tensor::from_data(TensorData::new(cos, shape4), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape4), device),
+            rope: RopeRows::new(cos, sin, batch * len, rope.head_dim(), device),
             bias: Tensor::from_data(TensorData::new(bias, [batch, 1, 1, len, keys]), device),
         }
     }
@@ -214,11 +195,11 @@ pub struct KvCache<B: Backend> {
     pub len: usize,
 }
 
-impl<B: Backend> KvCache<B> {
+impl<B: Kernels> KvCache<B> {
     /// An empty cache of `capacity` zeroed columns.
     pub fn new(config: &ModelConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
         let shape = [batch, config.num_key_value_heads, capacity, config.head_dim];
-        let zeros = || crate::inference_cpu::zeros(shape).unwrap_or_else(|| Tensor::zeros(shape, device));
+        let zeros = || B::zeros(shape, device);
         Self {
             layers: (0..config.num_hidden_layers)
                 .map(|_| LayerKv {
@@ -229,7 +210,9 @@ impl<B: Backend> KvCache<B> {
             len: 0,
         }
     }
+}
 
+impl<B: Backend> KvCache<B> {
     /// Number of rows.
     pub fn batch(&self) -> usize {
         self.layers.first().map_or(0, |l| l.k.dims()[0])
@@ -241,7 +224,7 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-impl<B: Backend> Attention<B> {
+impl<B: Kernels> Attention<B> {
     fn forward(
         &self,
         x: Tensor<B, 3>,
@@ -250,7 +233,6 @@ impl<B: Backend> Attention<B> {
     ) -> Tensor<B, 3> {
         let [batch, len, _] = x.dims();
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let groups = nh / nkv;
         let q = self.q_proj.forward(x.clone()).reshape([batch, len, nh, d]);
         let k = self.k_proj.forward(x.clone()).reshape([batch, len, nkv, d]);
         let v = self.v_proj.forward(x).reshape([batch, len, nkv, d]);
@@ -258,20 +240,16 @@ impl<B: Backend> Attention<B> {
             (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
             _ => (q, k),
         };
-        let (q, k) = match (
-            crate::inference_cpu::rope(&q, &input.cos, &input.sin),
-            crate::inference_cpu::rope(&k, &input.cos, &input.sin),
-        ) {
-            // The CPU kernels rotate `[batch, len, heads, d]` in place of layout; moving the heads forward
-            // is then a stride change that the attention kernel reads as is.
-            (Some(q), Some(k)) => (q.swap_dims(1, 2), k.swap_dims(1, 2)),
-            _ => (
-                rope(q.swap_dims(1, 2), &input.cos, &input.sin),
-                rope(k.swap_dims(1, 2), &input.cos, &input.sin),
-            ),
+        // RoPE on `[batch * len, heads, d]`; moving the heads forward is then a stride change that the
+        // attention kernels read as is.
+        let rotate = |t: Tensor<B, 4>, heads: usize| {
+            B::rope(t.reshape([batch * len, heads, d]), &input.rope)
+                .reshape([batch, len, heads, d])
+                .swap_dims(1, 2)
         };
+        let (q, k) = (rotate(q, nh), rotate(k, nkv));
         let v = v.swap_dims(1, 2);
-        let (k, v, keys) = match cache {
+        let (k, v) = match cache {
             Some((kv, col)) => {
                 let cap = kv.k.dims()[2];
                 debug_assert!(col + len <= cap, "cache too small");
@@ -282,61 +260,32 @@ impl<B: Backend> Attention<B> {
                 let old_v = std::mem::replace(&mut kv.v, placeholder());
                 kv.k = old_k.slice_assign(ranges.clone(), k);
                 kv.v = old_v.slice_assign(ranges, v);
-                (kv.k.clone(), kv.v.clone(), col + len)
+                (kv.k.clone(), kv.v.clone())
             }
-            None => (k, v, len),
+            None => (k, v),
         };
-        let scale = 1.0 / (d as f64).sqrt();
-        // The CPU kernel reads the cache's first `keys` columns in place; burn's `slice` would copy them.
-        if let Some(out) = crate::inference_cpu::attention(&q, &k, &v, &input.bias, scale as f32) {
-            return self
-                .o_proj
-                .forward(out.swap_dims(1, 2).reshape([batch, len, nh * d]));
-        }
-        let (k, v) = if k.dims()[2] == keys {
-            (k, v)
-        } else {
-            let keep = [0..batch, 0..nkv, 0..keys, 0..d];
-            (k.slice(keep.clone()), v.slice(keep))
-        };
-        // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
-        let q = q.reshape([batch, nkv, groups * len, d]);
-        let scores = q.matmul(k.swap_dims(2, 3)) * scale;
-        let scores = scores.reshape([batch, nkv, groups, len, keys]) + input.bias.clone();
-        let probs = softmax(scores, 4).reshape([batch, nkv, groups * len, keys]);
-        let out = probs
-            .matmul(v)
-            .reshape([batch, nh, len, d])
-            .swap_dims(1, 2)
-            .reshape([batch, len, nh * d]);
-        self.o_proj.forward(out)
+        // The kernels read the cache's first `keys` columns (the bias's width) in place.
+        let out = B::cached_attention(q, k, v, &input.bias, 1.0 / (d as f64).sqrt());
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([batch, len, nh * d]))
     }
 }
 
-/// Rotary embedding, Hugging Face's half-rotation layout: `x * cos + rotate_half(x) * sin`.
-fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
-    let [b, h, t, d] = x.dims();
-    let half = d / 2;
-    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
-    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    x * cos.clone() + rotated * sin.clone()
-}
-
-impl<B: Backend> Mlp<B> {
+impl<B: Kernels> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, len, _] = x.dims();
         let gate = self.gate_proj.forward(x.clone());
         let up = self.up_proj.forward(x);
-        if let Some(h) = crate::inference_cpu::swiglu(&gate, &up) {
-            return self.down_proj.forward(h);
-        }
-        // x * sigmoid(x) as one division; burn's generic sigmoid takes four transcendental passes.
-        let gate = gate.clone() / (gate.neg().exp() + 1.0);
-        self.down_proj.forward(gate * up)
+        let inter = gate.dims()[2];
+        let h = B::swiglu(
+            gate.reshape([batch * len, inter]),
+            up.reshape([batch * len, inter]),
+        );
+        self.down_proj.forward(h.reshape([batch, len, inter]))
     }
 }
 
-impl<B: Backend> DecoderLayer<B> {
+impl<B: Kernels> DecoderLayer<B> {
     fn forward(
         &self,
         x: Tensor<B, 3>,
@@ -351,7 +300,7 @@ impl<B: Backend> DecoderLayer<B> {
     }
 }
 
-impl<B: Backend> CausalLm<B> {
+impl<B: Kernels> CausalLm<B> {
     /// Final hidden states `[batch, len, hidden]` for `tokens` `[batch, len]`.
     ///
     /// With a cache, this pass's keys and values are written at columns `cache.len..cache.len + len` (the
@@ -391,11 +340,18 @@ impl<B: Backend> CausalLm<B> {
                 let w = self.model.embed_tokens.weight.val();
                 let [batch, len, h] = hidden.dims();
                 let vocab = w.dims()[0];
-                project(hidden.reshape([batch * len, h]), w).reshape([batch, len, vocab])
+                B::project(hidden.reshape([batch * len, h]), w, false).reshape([batch, len, vocab])
             }
         }
     }
 
+    /// Logits `[batch, len, vocab]` for one pass without a cache.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>, input: &AttnInput<B>) -> Tensor<B, 3> {
+        self.logits(self.forward_hidden(tokens, input, None))
+    }
+}
+
+impl<B: Backend> CausalLm<B> {
     /// The model with its weight matrices (projections and the embedding) in `dtype`, for inference; norms
     /// stay f32. Weights installed later ([`CausalLm::load_weights`]) keep each parameter's dtype.
     pub fn with_matrices_in(self, dtype: InferenceDtype) -> Self {
@@ -403,11 +359,6 @@ impl<B: Backend> CausalLm<B> {
             InferenceDtype::F32 => self,
             InferenceDtype::Bf16 => self.map(&mut MatricesTo(FloatDType::BF16)),
         }
-    }
-
-    /// Logits `[batch, len, vocab]` for one pass without a cache.
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>, input: &AttnInput<B>) -> Tensor<B, 3> {
-        self.logits(self.forward_hidden(tokens, input, None))
     }
 
     /// Builds the model for `config` with Hugging Face's initialisation (normal(0, `std`) projections and

@@ -266,7 +266,7 @@ impl<B: Backend> AdamW<B> {
                 )));
             }
             let n = host.data.len();
-            let tensor = crate::train::kernels::host_tensor::<B, 1>(host.data.clone(), [n], device);
+            let tensor = crate::kernels::host_tensor::<B, 1>(host.data.clone(), [n], device);
             let entry = moments.entry(name.to_string()).or_insert_with(|| Moments {
                 shape: shape.clone(),
                 exp_avg: tensor.zeros_like(),

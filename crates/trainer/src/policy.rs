@@ -12,13 +12,13 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use burn::tensor::backend::Backend;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::{DeviceKind, InferenceDtype};
 use crate::config::ModelConfig;
-use crate::engine::{Command, Engine, Shared};
+use crate::engine::{Command, GenerationLoop, Shared};
 use crate::error::{Error, Result};
+use crate::kernels::Kernels;
 use crate::model::CausalLm;
 use crate::sampling::SamplingParams;
 use crate::weights::{ModelFolder, Weights};
@@ -203,7 +203,7 @@ impl Policy {
         }
     }
 
-    fn spawn<B: Backend>(
+    fn spawn<B: Kernels>(
         config: ModelConfig,
         weights: &Weights,
         options: PolicyOptions,
@@ -213,7 +213,7 @@ impl Policy {
         let shared = Arc::new(Shared::default());
         shared.version.store(options.version, Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();
-        let engine = Engine::new(model, config.clone(), device, shared.clone(), options.max_batch);
+        let engine = GenerationLoop::new(model, config.clone(), device, shared.clone(), options.max_batch);
         // The engine loop runs inside its own rayon pool: burn-ndarray parallelises with `rayon::scope`, which
         // called from outside a pool hands every operation to a pool thread and waits, a thread switch per op.
         let threads = std::thread::available_parallelism().map_or(1, usize::from);

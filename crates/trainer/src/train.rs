@@ -8,7 +8,7 @@
 //!
 //! A micro-batch's memory grows linearly with its tokens: the output projection runs in chunks of rows and
 //! attention in blocks of query rows, each keeping one log-sum-exp per row for a backward pass that
-//! recomputes the rest (`chunked`, `cpu`); [`MemoryConfig`] sets the sizes and, on the CPU, turns on layer
+//! recomputes the rest (`chunked`, and the CPU kernels in `crate::kernels`); [`MemoryConfig`] sets the sizes and, on the CPU, turns on layer
 //! recompute, which keeps only each decoder layer's input.
 //!
 //! The state a step depends on is the weights, the AdamW moments and the step count; the update draws no
@@ -18,9 +18,7 @@
 pub mod batch;
 pub(crate) mod chunked;
 pub mod config;
-pub(crate) mod cpu;
 pub(crate) mod forward;
-pub(crate) mod kernels;
 pub(crate) mod learner;
 pub(crate) mod loss;
 pub(crate) mod pack;
@@ -32,7 +30,6 @@ mod tests;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 pub use batch::{RlBatch, SftBatch, SftSequence, TrainSequence, normalized_advantages};
@@ -45,8 +42,7 @@ use crate::checkpoint::{Checkpoint, Checkpoints};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::weights::{HostTensor, ModelFolder, SaveDtype, Weights, save_pretrained};
-use kernels::Kernels;
-use learner::Learner;
+use learner::{AnyLearner, Learner};
 
 /// The optimiser moments inside a saved state.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -69,74 +65,9 @@ struct SavedState {
     config: TrainConfig,
 }
 
-/// What [`Trainer`] needs from a backend-specific learner.
-trait Engine: Send {
-    fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats>;
-    fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats>;
-    fn weights(&self) -> Weights;
-    fn steps(&self) -> u64;
-    fn config(&self) -> &TrainConfig;
-    fn set_config(&mut self, config: TrainConfig) -> Result<()>;
-    fn memory(&self) -> MemoryConfig;
-    fn set_memory(&mut self, memory: MemoryConfig) -> Result<()>;
-    fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>>;
-    fn optimizer_host(&self) -> BTreeMap<String, HostTensor>;
-    fn restore(
-        &mut self,
-        weights: &Weights,
-        moments: &BTreeMap<String, HostTensor>,
-        steps: u64,
-    ) -> Result<()>;
-}
-
-impl<A: AutodiffBackend + Kernels> Engine for Learner<A>
-where
-    A::InnerBackend: Kernels,
-    Learner<A>: Send,
-{
-    fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats> {
-        Learner::grpo_step(self, batch)
-    }
-    fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
-        Learner::sft_step(self, batch)
-    }
-    fn weights(&self) -> Weights {
-        Learner::weights(self)
-    }
-    fn steps(&self) -> u64 {
-        Learner::steps(self)
-    }
-    fn config(&self) -> &TrainConfig {
-        Learner::config(self)
-    }
-    fn set_config(&mut self, config: TrainConfig) -> Result<()> {
-        Learner::set_config(self, config)
-    }
-    fn memory(&self) -> MemoryConfig {
-        Learner::memory(self)
-    }
-    fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
-        Learner::set_memory(self, memory)
-    }
-    fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
-        Learner::logprobs(self, sequences, temperature)
-    }
-    fn optimizer_host(&self) -> BTreeMap<String, HostTensor> {
-        Learner::optimizer_host(self)
-    }
-    fn restore(
-        &mut self,
-        weights: &Weights,
-        moments: &BTreeMap<String, HostTensor>,
-        steps: u64,
-    ) -> Result<()> {
-        Learner::restore(self, weights, moments, steps)
-    }
-}
-
 /// A policy being trained: the model, its optimiser state and (with a KL penalty) the frozen reference.
 pub struct Trainer {
-    engine: Box<dyn Engine>,
+    learner: Box<dyn AnyLearner>,
     model_config: ModelConfig,
     folder: Option<ModelFolder>,
 }
@@ -145,7 +76,7 @@ impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
             .field("architecture", &self.model_config.architecture)
-            .field("steps", &self.engine.steps())
+            .field("steps", &self.learner.steps())
             .finish_non_exhaustive()
     }
 }
@@ -159,7 +90,7 @@ impl Trainer {
         options: TrainerOptions,
     ) -> Result<Self> {
         options.device.check()?;
-        let engine: Box<dyn Engine> = match options.device {
+        let learner: Box<dyn AnyLearner> = match options.device {
             DeviceKind::Cpu => {
                 if options.bf16_autocast {
                     return Err(Error::Device(
@@ -192,7 +123,7 @@ impl Trainer {
             }
         };
         Ok(Self {
-            engine,
+            learner,
             model_config,
             folder: None,
         })
@@ -214,50 +145,50 @@ impl Trainer {
 
     /// The training settings.
     pub fn config(&self) -> &TrainConfig {
-        self.engine.config()
+        self.learner.config()
     }
 
     /// Replaces the training settings (moments and step count stay; turning the KL penalty on needs a
     /// trainer built with it on).
     pub fn set_config(&mut self, config: TrainConfig) -> Result<()> {
-        self.engine.set_config(config)
+        self.learner.set_config(config)
     }
 
     /// How steps trade memory for time (chunk sizes, layer recompute).
     pub fn memory(&self) -> MemoryConfig {
-        self.engine.memory()
+        self.learner.memory()
     }
 
     /// Sets how steps trade memory for time; results agree with any setting to rounding.
     /// Layer recompute is refused on devices that do not implement it.
     pub fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
-        self.engine.set_memory(memory)
+        self.learner.set_memory(memory)
     }
 
     /// Optimiser steps taken so far (restored ones included).
     pub fn steps(&self) -> u64 {
-        self.engine.steps()
+        self.learner.steps()
     }
 
     /// One GRPO step: the decoupled PPO-clip loss of the batch, one optimiser update.
     pub fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats> {
-        self.engine.grpo_step(batch)
+        self.learner.grpo_step(batch)
     }
 
     /// One supervised step: token-level cross-entropy on the masked tokens, one optimiser update.
     pub fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
-        self.engine.sft_step(batch)
+        self.learner.sft_step(batch)
     }
 
     /// The current weights on the host (for a weight swap or a save).
     pub fn weights(&self) -> Weights {
-        self.engine.weights()
+        self.learner.weights()
     }
 
     /// The log-probability of every token of each sequence given its prefix under the current weights, at
     /// `temperature` (0 for the first token).
     pub fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
-        self.engine.logprobs(sequences, temperature)
+        self.learner.logprobs(sequences, temperature)
     }
 
     /// Writes the training state into `dir`: the model as a Hugging Face folder in f32 (`config.json`,
@@ -268,7 +199,7 @@ impl Trainer {
         if let Some(folder) = &self.folder {
             folder.copy_tokenizer_files(dir)?;
         }
-        write_tensors(&dir.join(OPTIMIZER_FILE), &self.engine.optimizer_host())?;
+        write_tensors(&dir.join(OPTIMIZER_FILE), &self.learner.optimizer_host())?;
         let state = SavedState {
             format: 1,
             steps: self.steps(),
@@ -307,7 +238,7 @@ impl Trainer {
             .names()
             .filter_map(|n| moments_file.get(n).map(|t| (n.to_string(), t.clone())))
             .collect();
-        self.engine.restore(&weights, &moments, state.steps)
+        self.learner.restore(&weights, &moments, state.steps)
     }
 
     /// Saves a checkpoint of the current step under `checkpoints` with the caller's opaque state, keeping

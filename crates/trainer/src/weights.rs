@@ -256,6 +256,18 @@ impl Weights {
             .map_err(|e| Error::weights(path, format!("writing: {e}")))
     }
 
+    /// Fresh weights for `config` with Hugging Face's initialisation (normal(0, `std`) projections and
+    /// embedding, unit norms, zero biases), drawn from a generator seeded with `seed`: the same seed gives the
+    /// same weights (see [`CausalLm::init`]).
+    pub fn init(config: &ModelConfig, std: f32, seed: u64) -> Self {
+        Self::from_model(&CausalLm::<crate::backend::Cpu>::init(
+            config,
+            std,
+            seed,
+            &Default::default(),
+        ))
+    }
+
     /// Copies every parameter of `model` to the host, under its Hugging Face name.
     pub fn from_model<B: Backend>(model: &CausalLm<B>) -> Self {
         let mut collector = Collector {

@@ -29,8 +29,6 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, TokenizerBuilder, TokenizerImpl};
-use trainer::backend::Cpu;
-use trainer::model::CausalLm;
 use trainer::sampling::SplitMix64;
 use trainer::{Architecture, ModelConfig, SaveDtype, Weights};
 
@@ -368,8 +366,7 @@ pub fn build(spec: &PolicySpec, dir: &Path) -> Result<BuiltPolicy> {
             problems.join("; ")
         )));
     }
-    let model = CausalLm::<Cpu>::init(&config, spec.init_std, spec.seed, &Default::default());
-    let weights = Weights::from_model(&model);
+    let weights = Weights::init(&config, spec.init_std, spec.seed);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     trainer::save_pretrained(dir, &config, &weights, SaveDtype::F32, None)
         .map_err(|e| Error::failed(format!("writing the quickstart policy to {}", dir.display()), e))?;

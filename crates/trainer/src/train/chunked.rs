@@ -21,8 +21,8 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
+use crate::kernels::{host_tensor, mm};
 use crate::model::MASKED;
-use crate::train::kernels::{host_tensor, mm};
 use crate::train::pack::SegmentRun;
 
 /// The row ranges of `n` rows in chunks of `chunk` (the last one ragged).

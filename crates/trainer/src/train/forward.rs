@@ -13,9 +13,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::kernels::{Kernels, Pass, RopeRows};
 use crate::model::{Attention, CausalLm, DecoderLayer, HfLinear, Mlp, RmsNorm};
 use crate::rope::RopeTable;
-use crate::train::kernels::{Kernels, Pass, RopeRows};
 use crate::train::pack::{Packed, SegmentRun};
 
 /// What one pass computes for the trained tokens of a row.

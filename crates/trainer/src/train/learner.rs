@@ -15,17 +15,17 @@ use burn::tensor::{DType, FloatDType, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::kernels::{Kernels, Pass, float_dtype};
 use crate::model::CausalLm;
 use crate::optim::{AdamW, GradStore, host_scalar, host_vec};
 use crate::rope::RopeTable;
 use crate::train::batch::{RlBatch, SftBatch, normalized_advantages};
 use crate::train::config::{MemoryConfig, TrainConfig};
 use crate::train::forward::token_logprobs;
-use crate::train::kernels::{Kernels, Pass, float_dtype};
 use crate::train::loss::{PpoConsts, behaviour_weight, kl_value, ppo_loss, sft_loss, token_weights};
 use crate::train::pack::{Packed, Temperatures, effective_len, pack, plan};
 use crate::train::stats::{RangeAcc, StepStats};
-use crate::weights::{Weights, expected_shapes};
+use crate::weights::{HostTensor, Weights, expected_shapes};
 
 /// A model being trained, its optimiser state and (with a KL penalty) its frozen reference.
 pub(crate) struct Learner<A: AutodiffBackend> {
@@ -196,39 +196,6 @@ where
             .expect("the model is only taken out during an update")
     }
 
-    pub(crate) fn config(&self) -> &TrainConfig {
-        &self.config
-    }
-
-    pub(crate) fn set_config(&mut self, config: TrainConfig) -> Result<()> {
-        config.validate()?;
-        if config.ppo.kl_ctl > 0.0 && self.reference.is_none() {
-            return Err(Error::TrainConfig(
-                "kl_ctl > 0 needs the reference policy, which is only kept when the trainer is built with \
-                 kl_ctl > 0"
-                    .to_string(),
-            ));
-        }
-        self.optim.set_config(config.adamw.clone());
-        self.config = config;
-        Ok(())
-    }
-
-    pub(crate) fn memory(&self) -> MemoryConfig {
-        self.memory
-    }
-
-    pub(crate) fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
-        memory.validate()?;
-        if memory.recompute_layers && !A::RECOMPUTES_LAYERS {
-            return Err(Error::TrainConfig(
-                "memory.recompute_layers is only implemented on the cpu device".to_string(),
-            ));
-        }
-        self.memory = memory;
-        Ok(())
-    }
-
     /// How this learner's forward passes compute.
     fn pass(&self) -> Pass {
         Pass {
@@ -237,14 +204,6 @@ where
             attention_block: self.memory.attention_block,
             recompute: self.memory.recompute_layers,
         }
-    }
-
-    pub(crate) fn steps(&self) -> u64 {
-        self.optim.steps()
-    }
-
-    pub(crate) fn weights(&self) -> Weights {
-        Weights::from_model(self.model())
     }
 
     /// The micro-batches of the sequences `(tokens, mask)`, scored at `temperatures`, and the aggregation
@@ -280,37 +239,6 @@ where
             store,
         });
         value
-    }
-
-    /// One GRPO step on `batch`.
-    pub(crate) fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats> {
-        let started = Instant::now();
-        let (loss, store, tally, shape) = self.grpo_gradients(batch)?;
-        let (lr, grad_norm) = self.apply(store);
-        let n = tally.tokens.max(1) as f64;
-        Ok(StepStats {
-            step: self.steps(),
-            loss,
-            lr,
-            grad_norm,
-            sequences: shape.sequences,
-            tokens: tally.tokens as usize,
-            forward_tokens: shape.forward_tokens,
-            micro_batches: shape.micro_batches,
-            entropy: tally.entropy / n,
-            clip_fraction: tally.clipped as f64 / n,
-            dual_clip_fraction: tally.dual_clipped as f64 / n,
-            approx_kl: tally.log_ratio / n,
-            ref_kl: tally.has_ref.then(|| tally.ref_kl / n),
-            importance_weight: tally.ratio.finish(),
-            behave_imp_weight: tally.behave.finish(),
-            behave_dropped_fraction: tally.dropped as f64 / n,
-            advantage: tally.adv.finish(),
-            staleness: tally.staleness.finish(),
-            behave_logprob_drift: tally.drift.finish(),
-            behave_logprob_drift_truncated: tally.drift_truncated.finish(),
-            seconds: started.elapsed().as_secs_f64(),
-        })
     }
 
     /// The PPO loss of `batch` and its gradients summed over micro-batches, without updating anything.
@@ -434,8 +362,111 @@ where
         Ok((loss, store, tally, shape))
     }
 
+    /// Clips the summed gradients and takes one AdamW step; returns the rate and the norm before clipping.
+    fn apply(&mut self, mut store: GradStore<A::InnerBackend>) -> (f64, f64) {
+        let grad_norm = store.clip(self.config.gradient_clipping);
+        let lr = self.config.schedule.lr_at(self.optim.steps());
+        let model = self.model.take().expect("the model is present between steps");
+        let model = model.map(&mut Update::<A> {
+            path: Vec::new(),
+            grads: &mut store,
+            optim: &mut self.optim,
+            lr,
+        });
+        self.optim.finish_step();
+        self.model = Some(model);
+        (lr, grad_norm)
+    }
+
+    /// [`AnyLearner::logprobs`] with each token at its temperature of `temperatures`, as a step scores it.
+    pub(crate) fn logprobs_at(
+        &self,
+        sequences: &[Vec<u32>],
+        temperatures: Temperatures<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
+        for (i, s) in sequences.iter().enumerate() {
+            let mask: Vec<bool> = (0..s.len()).map(|t| t > 0).collect();
+            crate::train::batch::check_tokens(i, s, &mask, self.model_config.vocab_size)?;
+        }
+        let masks: Vec<Vec<bool>> = sequences
+            .iter()
+            .map(|s| (0..s.len()).map(|t| t > 0).collect())
+            .collect();
+        let tokens: Vec<&[u32]> = sequences.iter().map(Vec::as_slice).collect();
+        let mask_refs: Vec<&[bool]> = masks.iter().map(Vec::as_slice).collect();
+        let mut out: Vec<Vec<f32>> = sequences.iter().map(|s| vec![0.0; s.len()]).collect();
+        let lengths: Vec<usize> = mask_refs.iter().map(|m| effective_len(m)).collect();
+        let inner = self.model().valid();
+        for order in plan(&lengths, self.config.max_tokens_per_mb) {
+            let p = pack(&tokens, &mask_refs, temperatures, &order);
+            let lp = host_vec(token_logprobs(&inner, &self.rope, &p, self.pass()).logp);
+            for (&(s, t), v) in p.origin.iter().zip(lp) {
+                out[s][t] = v;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A learner with its backend erased: what [`crate::Trainer`] holds, so that the handle is not generic over
+/// the burn backend. Its methods are [`Learner`]'s own; `Trainer` documents them.
+pub(crate) trait AnyLearner: Send {
+    fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats>;
+    fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats>;
+    fn weights(&self) -> Weights;
+    fn steps(&self) -> u64;
+    fn config(&self) -> &TrainConfig;
+    fn set_config(&mut self, config: TrainConfig) -> Result<()>;
+    fn memory(&self) -> MemoryConfig;
+    fn set_memory(&mut self, memory: MemoryConfig) -> Result<()>;
+    fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>>;
+    fn optimizer_host(&self) -> BTreeMap<String, HostTensor>;
+    fn restore(
+        &mut self,
+        weights: &Weights,
+        moments: &BTreeMap<String, HostTensor>,
+        steps: u64,
+    ) -> Result<()>;
+}
+
+impl<A: AutodiffBackend + Kernels> AnyLearner for Learner<A>
+where
+    A::InnerBackend: Kernels,
+    Learner<A>: Send,
+{
+    /// One GRPO step on `batch`.
+    fn grpo_step(&mut self, batch: &RlBatch) -> Result<StepStats> {
+        let started = Instant::now();
+        let (loss, store, tally, shape) = self.grpo_gradients(batch)?;
+        let (lr, grad_norm) = self.apply(store);
+        let n = tally.tokens.max(1) as f64;
+        Ok(StepStats {
+            step: self.steps(),
+            loss,
+            lr,
+            grad_norm,
+            sequences: shape.sequences,
+            tokens: tally.tokens as usize,
+            forward_tokens: shape.forward_tokens,
+            micro_batches: shape.micro_batches,
+            entropy: tally.entropy / n,
+            clip_fraction: tally.clipped as f64 / n,
+            dual_clip_fraction: tally.dual_clipped as f64 / n,
+            approx_kl: tally.log_ratio / n,
+            ref_kl: tally.has_ref.then(|| tally.ref_kl / n),
+            importance_weight: tally.ratio.finish(),
+            behave_imp_weight: tally.behave.finish(),
+            behave_dropped_fraction: tally.dropped as f64 / n,
+            advantage: tally.adv.finish(),
+            staleness: tally.staleness.finish(),
+            behave_logprob_drift: tally.drift.finish(),
+            behave_logprob_drift_truncated: tally.drift_truncated.finish(),
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
     /// One supervised step on `batch`: cross-entropy on the masked tokens.
-    pub(crate) fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
+    fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
         let started = Instant::now();
         batch.check(self.model_config.vocab_size)?;
         let tokens: Vec<&[u32]> = batch.sequences.iter().map(|s| s.tokens.as_slice()).collect();
@@ -472,67 +503,63 @@ where
         })
     }
 
-    /// Clips the summed gradients and takes one AdamW step; returns the rate and the norm before clipping.
-    fn apply(&mut self, mut store: GradStore<A::InnerBackend>) -> (f64, f64) {
-        let grad_norm = store.clip(self.config.gradient_clipping);
-        let lr = self.config.schedule.lr_at(self.optim.steps());
-        let model = self.model.take().expect("the model is present between steps");
-        let model = model.map(&mut Update::<A> {
-            path: Vec::new(),
-            grads: &mut store,
-            optim: &mut self.optim,
-            lr,
-        });
-        self.optim.finish_step();
-        self.model = Some(model);
-        (lr, grad_norm)
+    fn weights(&self) -> Weights {
+        Weights::from_model(self.model())
+    }
+
+    fn steps(&self) -> u64 {
+        self.optim.steps()
+    }
+
+    fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    fn set_config(&mut self, config: TrainConfig) -> Result<()> {
+        config.validate()?;
+        if config.ppo.kl_ctl > 0.0 && self.reference.is_none() {
+            return Err(Error::TrainConfig(
+                "kl_ctl > 0 needs the reference policy, which is only kept when the trainer is built with \
+                 kl_ctl > 0"
+                    .to_string(),
+            ));
+        }
+        self.optim.set_config(config.adamw.clone());
+        self.config = config;
+        Ok(())
+    }
+
+    fn memory(&self) -> MemoryConfig {
+        self.memory
+    }
+
+    fn set_memory(&mut self, memory: MemoryConfig) -> Result<()> {
+        memory.validate()?;
+        if memory.recompute_layers && !A::RECOMPUTES_LAYERS {
+            return Err(Error::TrainConfig(
+                "memory.recompute_layers is only implemented on the cpu device".to_string(),
+            ));
+        }
+        self.memory = memory;
+        Ok(())
     }
 
     /// Per-token log-probabilities of whole sequences under the current weights at `temperature` (0 for
     /// the first token).
-    pub(crate) fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
+    fn logprobs(&self, sequences: &[Vec<u32>], temperature: f64) -> Result<Vec<Vec<f32>>> {
         self.logprobs_at(sequences, Temperatures::uniform(temperature))
     }
 
-    /// [`Learner::logprobs`] with each token at its temperature of `temperatures`, as a step scores it.
-    pub(crate) fn logprobs_at(
-        &self,
-        sequences: &[Vec<u32>],
-        temperatures: Temperatures<'_>,
-    ) -> Result<Vec<Vec<f32>>> {
-        for (i, s) in sequences.iter().enumerate() {
-            let mask: Vec<bool> = (0..s.len()).map(|t| t > 0).collect();
-            crate::train::batch::check_tokens(i, s, &mask, self.model_config.vocab_size)?;
-        }
-        let masks: Vec<Vec<bool>> = sequences
-            .iter()
-            .map(|s| (0..s.len()).map(|t| t > 0).collect())
-            .collect();
-        let tokens: Vec<&[u32]> = sequences.iter().map(Vec::as_slice).collect();
-        let mask_refs: Vec<&[bool]> = masks.iter().map(Vec::as_slice).collect();
-        let mut out: Vec<Vec<f32>> = sequences.iter().map(|s| vec![0.0; s.len()]).collect();
-        let lengths: Vec<usize> = mask_refs.iter().map(|m| effective_len(m)).collect();
-        let inner = self.model().valid();
-        for order in plan(&lengths, self.config.max_tokens_per_mb) {
-            let p = pack(&tokens, &mask_refs, temperatures, &order);
-            let lp = host_vec(token_logprobs(&inner, &self.rope, &p, self.pass()).logp);
-            for (&(s, t), v) in p.origin.iter().zip(lp) {
-                out[s][t] = v;
-            }
-        }
-        Ok(out)
-    }
-
     /// The optimiser moments on the host.
-    pub(crate) fn optimizer_host(&self) -> BTreeMap<String, crate::weights::HostTensor> {
+    fn optimizer_host(&self) -> BTreeMap<String, HostTensor> {
         self.optim.to_host()
     }
 
     /// Replaces weights, moments and step count with a saved state.
-    pub(crate) fn restore(
+    fn restore(
         &mut self,
         weights: &Weights,
-        moments: &BTreeMap<String, crate::weights::HostTensor>,
+        moments: &BTreeMap<String, HostTensor>,
         steps: u64,
     ) -> Result<()> {
         let model = build::<A>(&self.model_config, weights, &self.device)?.map(&mut RequireGrad);

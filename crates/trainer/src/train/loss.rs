@@ -10,8 +10,8 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use crate::kernels::host_tensor;
 use crate::train::config::{KlEstimator, LossAggregation, PpoConfig};
-use crate::train::kernels::host_tensor;
 
 /// The constant (non-differentiated) inputs of the PPO loss for `N` tokens.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -8,11 +8,12 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::batch::normalized_advantages;
-use super::learner::Learner;
+use super::learner::{AnyLearner, Learner};
 use super::loss::{PpoConsts, behaviour_weight, clipped_pg, kl_value, ppo_loss, token_weights};
 use super::pack::{Temperatures, effective_len, pack, plan};
 use super::*;
 use crate::backend::{Cpu, CpuAutodiff};
+use crate::kernels::{self, Kernels};
 use crate::model::{AttnInput, CausalLm};
 use crate::optim::{LrSchedule, host_vec};
 use crate::rope::RopeTable;

@@ -1,28 +1,33 @@
-//! The operations of the training forward pass, as a trait each training backend implements: projections,
-//! RMSNorm, RoPE, SwiGLU, causal attention over packed sequences, the output projection fused with the
-//! log-softmax, the target's log-probability and the entropy, and whole decoder layers.
+//! Every computation whose best form depends on the backend, as one trait each backend implements
+//! (burn's extension pattern): projections, RMSNorm, RoPE, SwiGLU, attention in its two memory layouts
+//! (packed sequences for training, key/value cache columns for generation), the output projection fused
+//! with the log-softmax, the target's log-probability and the entropy, whole decoder layers, and the moves
+//! and host copies of the generation engine's cache and logits.
 //!
-//! The provided methods are burn tensor operations (used on CUDA and by the `f64` gradient checks); attention
-//! and the output projection come from `train/chunked.rs`, in query blocks and chunks of rows, and under
-//! autodiff they are nodes of their own that keep one log-sum-exp per row instead of probabilities, so the
-//! memory a step keeps grows linearly with the sequence. The CPU backends override every operation with
-//! kernels that read operands in place and, under autodiff, bring their own backward pass (`train/cpu.rs`):
-//! burn-ndarray copies every strided matmul operand and takes several allocating passes per elementwise
-//! chain, so a training step spent more time moving memory than multiplying. Only the CPU's autodiff
-//! backend implements layer recompute ([`Kernels::RECOMPUTES_LAYERS`]).
+//! The provided methods are burn tensor operations (used on CUDA and by the `f64` gradient checks); packed
+//! attention and the output projection come from `train/chunked.rs`, in query blocks and chunks of rows, and
+//! under autodiff they are nodes of their own that keep one log-sum-exp per row instead of probabilities, so
+//! the memory a step keeps grows linearly with the sequence. The CPU backends override every operation with
+//! kernels that read operands in place and, under autodiff, bring their own backward pass (`kernels/cpu.rs`
+//! over the array kernels of `cpu_math.rs`): burn-ndarray copies every strided matmul operand and takes
+//! several allocating passes per elementwise chain, so a step spent more time moving memory than
+//! multiplying. Only the CPU's autodiff backend implements layer recompute ([`Kernels::RECOMPUTES_LAYERS`]).
 
-use std::sync::Arc;
+pub(crate) mod cpu;
+
+use std::ops::Range;
 
 #[cfg(test)]
 use burn::tensor::Int;
 #[cfg(test)]
-use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Element, FloatDType, Tensor, TensorData};
 
-use crate::model::DecoderLayer;
 #[cfg(test)]
 use crate::model::MASKED;
+use crate::model::{CausalLm, DecoderLayer};
 use crate::train::chunked;
 use crate::train::pack::SegmentRun;
 
@@ -80,12 +85,11 @@ fn causal_bias<B: Backend>(n: usize, device: &B::Device) -> Tensor<B, 5> {
     host_tensor(bias, [1, 1, 1, n, n], device)
 }
 
-/// The rotary tables of one packed row: `cos` and `sin` per row, `head_dim` wide (the half-table twice), on
-/// the host and as `[rows, 1, head_dim]` tensors.
+/// The rotary tables of a pass's rows (a packed row's tokens, or a batch's `[batch * len]` positions):
+/// `cos` and `sin` per row, `head_dim` wide (the half-table twice), as `[rows, 1, head_dim]` tensors; the
+/// CPU kernels read their memory directly.
 #[derive(Clone, Debug)]
 pub(crate) struct RopeRows<B: Backend> {
-    pub(crate) cos_host: Arc<Vec<f32>>,
-    pub(crate) sin_host: Arc<Vec<f32>>,
     pub(crate) cos: Tensor<B, 3>,
     pub(crate) sin: Tensor<B, 3>,
 }
@@ -99,27 +103,38 @@ impl<B: Backend> RopeRows<B> {
         device: &B::Device,
     ) -> Self {
         Self {
-            cos: host_tensor(cos.clone(), [rows, 1, head_dim], device),
-            sin: host_tensor(sin.clone(), [rows, 1, head_dim], device),
-            cos_host: Arc::new(cos),
-            sin_host: Arc::new(sin),
+            cos: host_tensor(cos, [rows, 1, head_dim], device),
+            sin: host_tensor(sin, [rows, 1, head_dim], device),
         }
     }
 }
 
-/// The training forward pass's operations on one backend.
+/// The backend-specific operations of training and generation on one backend.
 pub(crate) trait Kernels: Backend {
     /// Whether [`Kernels::decoder_layer`] honours [`Pass::recompute`].
     const RECOMPUTES_LAYERS: bool = false;
 
-    /// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`.
+    /// `x W^T` for `x` `[rows, in]` and `W` `[out, in]`, in bf16 with f32 results when `autocast` is on or
+    /// the weight is bf16 (an inference policy's, [`CausalLm::with_matrices_in`]).
     fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, autocast: bool) -> Tensor<Self, 2> {
-        mm(x, w.transpose(), autocast)
+        if autocast || w.dtype() == DType::BF16 {
+            let w = if w.dtype() == DType::BF16 {
+                w
+            } else {
+                w.cast(FloatDType::BF16)
+            };
+            return x
+                .cast(FloatDType::BF16)
+                .matmul(w.transpose())
+                .cast(FloatDType::F32);
+        }
+        x.matmul(w.transpose())
     }
 
     /// RMSNorm over the last dimension of `x` `[rows, dim]` with scale `w` `[dim]`.
     fn rms_norm(x: Tensor<Self, 2>, w: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
         let ms = (x.clone() * x.clone()).mean_dim(1);
+        // A division, not `recip()`: burn-ndarray's SIMD reciprocal is an approximation (~1e-4 relative).
         x / (ms + eps).sqrt() * w.unsqueeze::<2>()
     }
 
@@ -135,6 +150,7 @@ pub(crate) trait Kernels: Backend {
 
     /// `silu(gate) * up`.
     fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        // x * sigmoid(x) as one division; burn's generic sigmoid takes four transcendental passes.
         gate.clone() / (gate.neg().exp() + 1.0) * up
     }
 
@@ -151,6 +167,19 @@ pub(crate) trait Kernels: Backend {
         block: usize,
     ) -> Tensor<Self, 2> {
         chunked::attention_forward(q, k, v, runs, scale, autocast, block).0
+    }
+
+    /// Attention over key/value cache columns: `q` `[batch, heads, len, d]` (after RoPE), `k` and `v`
+    /// `[batch, kv_heads, columns, d]` of which the first `keys` are used, `bias` `[batch, 1, 1, len, keys]`
+    /// (0 where attention is allowed, [`crate::model::MASKED`] elsewhere); returns `[batch, heads, len, d]`.
+    fn cached_attention(
+        q: Tensor<Self, 4>,
+        k: Tensor<Self, 4>,
+        v: Tensor<Self, 4>,
+        bias: &Tensor<Self, 5>,
+        scale: f64,
+    ) -> Tensor<Self, 4> {
+        burn_cached_attention(q, k, v, bias, scale)
     }
 
     /// The output projection of hidden states `h` `[N, hidden]` with `w` `[vocab, hidden]`, row `i`
@@ -178,6 +207,72 @@ pub(crate) trait Kernels: Backend {
     ) -> Tensor<Self, 2> {
         crate::train::forward::layer(x, l, rows, runs, pass)
     }
+
+    /// `model` with its weights laid out for generation; the generic layout is the training one.
+    fn for_inference(model: CausalLm<Self>) -> CausalLm<Self> {
+        model
+    }
+
+    /// Zeros of `shape` (a fresh key/value cache).
+    fn zeros<const D: usize>(shape: [usize; D], device: &Self::Device) -> Tensor<Self, D> {
+        Tensor::zeros(shape, device)
+    }
+
+    /// A zeroed `[rows, heads, capacity, d]` tensor holding `parts` stacked along the rows: part
+    /// `(t, cols, at)` contributes every row of `t` (`[n, heads, _, d]`), its columns `cols` written from
+    /// column `at` (the generation engine's cache moves).
+    fn assemble(
+        parts: &[(&Tensor<Self, 4>, Range<usize>, usize)],
+        capacity: usize,
+        device: &Self::Device,
+    ) -> Tensor<Self, 4> {
+        let placed = parts
+            .iter()
+            .map(|(t, cols, at)| {
+                let [b, h, _, d] = t.dims();
+                Tensor::zeros([b, h, capacity, d], device).slice_assign(
+                    [0..b, 0..h, *at..*at + cols.len(), 0..d],
+                    (*t).clone().slice([0..b, 0..h, cols.clone(), 0..d]),
+                )
+            })
+            .collect();
+        Tensor::cat(placed, 0)
+    }
+
+    /// The elements of `t` in row-major order, on the host.
+    fn to_host<const D: usize>(t: Tensor<Self, D>) -> Vec<f32> {
+        t.into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("converted to f32 just above")
+    }
+}
+
+/// Grouped-query attention over cache columns in burn tensor operations (see
+/// [`Kernels::cached_attention`]); the whole `[batch, heads, len, keys]` score matrix at once.
+pub(crate) fn burn_cached_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: &Tensor<B, 5>,
+    scale: f64,
+) -> Tensor<B, 4> {
+    let [batch, nh, len, d] = q.dims();
+    let nkv = k.dims()[1];
+    let keys = bias.dims()[4];
+    let groups = nh / nkv;
+    let (k, v) = if k.dims()[2] == keys {
+        (k, v)
+    } else {
+        let keep = [0..batch, 0..nkv, 0..keys, 0..d];
+        (k.slice(keep.clone()), v.slice(keep))
+    };
+    // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
+    let q = q.reshape([batch, nkv, groups * len, d]);
+    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    let scores = scores.reshape([batch, nkv, groups, len, keys]) + bias.clone();
+    let probs = softmax(scores, 4).reshape([batch, nkv, groups * len, keys]);
+    probs.matmul(v).reshape([batch, nh, len, d])
 }
 
 /// Causal attention without blocks, the whole `n x n` score matrix per sequence under burn's autodiff: the

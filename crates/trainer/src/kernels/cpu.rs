@@ -1,16 +1,26 @@
-//! The CPU training kernels plugged into burn: [`Kernels`] for the plain CPU backend (forward only) and for
-//! `Autodiff<Cpu>`, where each fused operation is one autodiff node with its own backward pass.
+//! The CPU kernels plugged into burn: [`Kernels`] for the plain CPU backend (generation, and training's
+//! forward-only passes) and for `Autodiff<Cpu>`, where each fused operation is one autodiff node with its
+//! own backward pass. Both compute with the array kernels of `crate::cpu_math`, reading burn-ndarray's
+//! arrays in place.
 //!
-//! Each node keeps what its backward pass reads (its inputs; attention and the output projection add only
-//! one log-sum-exp per row and head, and recompute their probabilities block by block and chunk by chunk),
-//! computes with the array kernels of `crate::cpu_math`, and registers the gradients of the parents that require
-//! them. With layer recompute a whole decoder layer is one node (`cpu/layer.rs`). Tests compare every kernel
-//! with burn's own differentiation of whole, unchunked computations.
+//! Generation also lays the weight matrices out column-major ([`Kernels::for_inference`]), which gemm
+//! reads in place at any row count, and moves its key/value cache and logits with one copy or none, where
+//! burn's zeros, slice, slice-assign, concatenation and `into_data` each copy.
+//!
+//! Each autodiff node keeps what its backward pass reads (its inputs; attention and the output projection
+//! add only one log-sum-exp per row and head, and recompute their probabilities block by block and chunk by
+//! chunk), and registers the gradients of the parents that require them. With layer recompute a whole
+//! decoder layer is one node (`cpu/layer.rs`). Tests compare every kernel with burn's own operations and
+//! differentiation of whole, unchunked computations.
 
 mod layer;
+#[cfg(test)]
+mod tests;
 
+use std::ops::Range;
 use std::sync::Arc;
 
+use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -18,12 +28,12 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_ndarray::NdArrayTensor;
-use ndarray::{Ix1, Ix2, Ix3};
+use ndarray::{Ix1, Ix2, Ix3, Ix4};
 
 use crate::backend::{Cpu, CpuAutodiff};
 use crate::cpu_math as math;
-use crate::model::DecoderLayer;
-use crate::train::kernels::{Kernels, Pass, RopeRows};
+use crate::kernels::{Kernels, Pass, RopeRows};
+use crate::model::{CausalLm, DecoderLayer};
 use crate::train::pack::SegmentRun;
 use math::{AttnSaved, LogitsSaved};
 
@@ -45,6 +55,33 @@ fn tensor<const D: usize>(p: NdArrayTensor) -> Tensor<Cpu, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
 }
 
+/// The elements of a contiguous f32 array, in memory order.
+pub(super) fn slice(p: &NdArrayTensor) -> &[f32] {
+    match p {
+        NdArrayTensor::F32(s) => s
+            .view()
+            .to_slice()
+            .expect("the rotary tables are built contiguous from host data"),
+        _ => panic!("the CPU kernels run in f32"),
+    }
+}
+
+/// The rotary tables of `rows` on the CPU backend.
+fn tables(rows: &RopeRows<Cpu>) -> (NdArrayTensor, NdArrayTensor) {
+    (
+        rows.cos.clone().into_primitive().tensor(),
+        rows.sin.clone().into_primitive().tensor(),
+    )
+}
+
+/// The rotary tables of `rows` under autodiff: constants, so only their values matter.
+pub(super) fn autodiff_tables(rows: &RopeRows<CpuAutodiff>) -> (NdArrayTensor, NdArrayTensor) {
+    (
+        rows.cos.clone().into_primitive().tensor().primitive,
+        rows.sin.clone().into_primitive().tensor().primitive,
+    )
+}
+
 fn targets(t: &[i64]) -> Vec<usize> {
     t.iter()
         .map(|&t| usize::try_from(t).expect("targets are token ids"))
@@ -54,7 +91,7 @@ fn targets(t: &[i64]) -> Vec<usize> {
 impl Kernels for Cpu {
     fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, _autocast: bool) -> Tensor<Self, 2> {
         let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
-        tensor(primitive(math::matmul(view::<Ix2>(&x), view::<Ix2>(&w).t(), 1.0)))
+        tensor(primitive(math::project(view::<Ix2>(&x), view::<Ix2>(&w))))
     }
 
     fn rms_norm(x: Tensor<Self, 2>, w: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
@@ -65,10 +102,11 @@ impl Kernels for Cpu {
 
     fn rope(x: Tensor<Self, 3>, rows: &RopeRows<Self>) -> Tensor<Self, 3> {
         let x = x.into_primitive().tensor();
+        let (cos, sin) = tables(rows);
         tensor(primitive(math::rope(
             view::<Ix3>(&x),
-            &rows.cos_host,
-            &rows.sin_host,
+            slice(&cos),
+            slice(&sin),
             false,
         )))
     }
@@ -119,6 +157,103 @@ impl Kernels for Cpu {
         );
         tensor(primitive(out))
     }
+
+    fn cached_attention(
+        q: Tensor<Self, 4>,
+        k: Tensor<Self, 4>,
+        v: Tensor<Self, 4>,
+        bias: &Tensor<Self, 5>,
+        scale: f64,
+    ) -> Tensor<Self, 4> {
+        let keys = bias.dims()[4];
+        let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
+        let bias = bias.clone().into_primitive().tensor();
+        let NdArrayTensor::F32(b) = &bias else {
+            panic!("the CPU kernels run in f32")
+        };
+        let b = b.view();
+        let b = b
+            .as_slice()
+            .expect("the attention bias is built contiguous from host data");
+        let out = math::cached_attention(
+            view::<Ix4>(&q),
+            view::<Ix4>(&k),
+            view::<Ix4>(&v),
+            b,
+            keys,
+            scale as f32,
+        );
+        tensor(primitive(out))
+    }
+
+    fn for_inference(model: CausalLm<Self>) -> CausalLm<Self> {
+        model.map(&mut ColumnMajor)
+    }
+
+    fn zeros<const D: usize>(shape: [usize; D], _device: &Self::Device) -> Tensor<Self, D> {
+        // From zeroed memory: burn-ndarray fills a vector element by element and then copies it.
+        tensor(primitive(ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&shape))))
+    }
+
+    fn assemble(
+        parts: &[(&Tensor<Self, 4>, Range<usize>, usize)],
+        capacity: usize,
+        _device: &Self::Device,
+    ) -> Tensor<Self, 4> {
+        let prims: Vec<_> = parts
+            .iter()
+            .map(|(t, _, _)| (*t).clone().into_primitive().tensor())
+            .collect();
+        let views: Vec<_> = prims
+            .iter()
+            .zip(parts)
+            .map(|(p, (_, cols, at))| (view::<Ix4>(p), cols.clone(), *at))
+            .collect();
+        let out = math::assemble(&views, capacity)
+            .expect("the engine assembles cache parts of one layout that fit the capacity");
+        tensor(primitive(out))
+    }
+
+    fn to_host<const D: usize>(t: Tensor<Self, D>) -> Vec<f32> {
+        // Straight from memory: burn's `into_data` walks ndarray's dynamic-rank iterator element by
+        // element, a tenth of a decode step for the logits alone.
+        let prim = t.into_primitive().tensor();
+        let NdArrayTensor::F32(storage) = &prim else {
+            panic!("the CPU kernels run in f32")
+        };
+        let view = storage.view();
+        match view.as_slice() {
+            Some(slice) => slice.to_vec(),
+            None => view.iter().copied().collect(),
+        }
+    }
+}
+
+/// Stores every matrix column-major (`W^T` contiguous, the logical `[out, in]` shape unchanged).
+///
+/// gemm multiplies a row-major `[out, in]` weight by first repacking it, a full pass over the matrix on
+/// every call: for a decode batch, where each weight meets a handful of rows, that repacking cost three
+/// times the multiplication itself. A column-major weight is a layout gemm's kernels read directly.
+/// Only the inference engine uses this; the training path keeps Hugging Face's row-major layout.
+struct ColumnMajor;
+
+impl ModuleMapper<Cpu> for ColumnMajor {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<Cpu, D>>) -> Param<Tensor<Cpu, D>> {
+        if D != 2 {
+            return param;
+        }
+        let (id, t, mapper) = param.consume();
+        let t = match t.into_primitive().tensor() {
+            NdArrayTensor::F32(s) => {
+                // Reverse the axes, copy into standard layout, reverse back: the same matrix, transposed in
+                // memory.
+                let transposed = s.view().reversed_axes().as_standard_layout().into_owned();
+                tensor(primitive(transposed.reversed_axes()))
+            }
+            other => tensor(other),
+        };
+        Param::from_mapped_value(id, t, mapper)
+    }
 }
 
 #[derive(Debug)]
@@ -165,14 +300,14 @@ impl Backward<Cpu, 2> for RmsNormBackward {
 struct RopeBackward;
 
 impl Backward<Cpu, 1> for RopeBackward {
-    type State = (Arc<Vec<f32>>, Arc<Vec<f32>>);
+    type State = (NdArrayTensor, NdArrayTensor);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x] = ops.parents;
         let dy = grads.consume::<Cpu>(&ops.node);
         let (cos, sin) = ops.state;
         if let Some(node) = node_x {
-            let dx = math::rope(view::<Ix3>(&dy), &cos, &sin, true);
+            let dx = math::rope(view::<Ix3>(&dy), slice(&cos), slice(&sin), true);
             grads.register::<Cpu>(node.id, primitive(dx));
         }
     }
@@ -292,7 +427,7 @@ impl Kernels for CpuAutodiff {
     fn project(x: Tensor<Self, 2>, w: Tensor<Self, 2>, _autocast: bool) -> Tensor<Self, 2> {
         let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
         let prep = prepare(ProjectBackward, [&x, &w]);
-        let y = math::matmul(view::<Ix2>(&x.primitive), view::<Ix2>(&w.primitive).t(), 1.0);
+        let y = math::project(view::<Ix2>(&x.primitive), view::<Ix2>(&w.primitive));
         finish(prep, primitive(y), || (x.primitive, w.primitive))
     }
 
@@ -306,10 +441,9 @@ impl Kernels for CpuAutodiff {
     fn rope(x: Tensor<Self, 3>, rows: &RopeRows<Self>) -> Tensor<Self, 3> {
         let x = x.into_primitive().tensor();
         let prep = prepare(RopeBackward, [&x]);
-        let y = math::rope(view::<Ix3>(&x.primitive), &rows.cos_host, &rows.sin_host, false);
-        finish(prep, primitive(y), || {
-            (rows.cos_host.clone(), rows.sin_host.clone())
-        })
+        let (cos, sin) = autodiff_tables(rows);
+        let y = math::rope(view::<Ix3>(&x.primitive), slice(&cos), slice(&sin), false);
+        finish(prep, primitive(y), || (cos, sin))
     }
 
     fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {

@@ -1,9 +1,28 @@
-//! Unit tests for `cpu`: the fast projection equals burn's generic matmul, on both of its paths.
+//! Unit tests for the CPU kernels of generation: each equals burn's generic operations (the kernels every
+//! other backend runs), and the SIMD versions agree bit for bit. The training kernels' tests are in
+//! `train/tests.rs`.
 
 use burn::tensor::{Tensor, TensorData};
 
 use super::*;
+use crate::cpu_math::{QUERY_BLOCK, SMALL_ROWS, dot16};
 use crate::sampling::SplitMix64;
+
+/// `x W^T` on the CPU kernels.
+fn project(x: &Tensor<Cpu, 2>, w: &Tensor<Cpu, 2>) -> Tensor<Cpu, 2> {
+    <Cpu as Kernels>::project(x.clone(), w.clone(), false)
+}
+
+fn host_f32<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f32> {
+    <Cpu as Kernels>::to_host(t)
+}
+
+fn strides(t: &Tensor<Cpu, 2>) -> Vec<isize> {
+    match t.clone().into_primitive().tensor() {
+        NdArrayTensor::F32(s) => s.view().strides().to_vec(),
+        _ => panic!("f32 weights"),
+    }
+}
 
 fn random<const D: usize>(shape: [usize; D], rng: &mut SplitMix64) -> Tensor<Cpu, D> {
     let data: Vec<f32> = (0..shape.iter().product::<usize>())
@@ -19,7 +38,7 @@ fn fast_projection_matches_burns_matmul() {
         for (out_f, in_f) in [(7, 5), (96, 64), (300, 257)] {
             let x = random([rows, in_f], &mut rng);
             let w = random([out_f, in_f], &mut rng);
-            let fast = project(&x, &w).expect("the CPU backend takes the fast path");
+            let fast = project(&x, &w);
             assert_eq!(fast.dims(), [rows, out_f]);
             let slow = x.matmul(w.transpose());
             let (a, b) = (
@@ -46,7 +65,7 @@ fn column_major_weights_project_like_row_major_ones() {
     };
     let model = crate::model::CausalLm::<Cpu>::init(&config, 0.5, 9, &Default::default());
     let w = model.model.layers[0].mlp.gate_proj.weight.val();
-    let inference = for_inference(model);
+    let inference = <Cpu as Kernels>::for_inference(model);
     let wc = inference.model.layers[0].mlp.gate_proj.weight.val();
     assert_eq!(wc.dims(), w.dims());
     // The same matrix, stored transposed.
@@ -54,15 +73,11 @@ fn column_major_weights_project_like_row_major_ones() {
         wc.clone().into_data().to_vec::<f32>().expect("f32"),
         w.clone().into_data().to_vec::<f32>().expect("f32")
     );
-    let prim = cpu_primitive(&wc).expect("a CPU tensor");
-    let NdArrayTensor::F32(s) = prim else {
-        panic!("f32 weights")
-    };
-    assert_eq!(s.view().strides()[0], 1, "column-major");
+    assert_eq!(strides(&wc)[0], 1, "column-major");
     for rows in [1, SMALL_ROWS, 16, 40] {
         let x = random([rows, 16], &mut rng);
-        let a = project(&x, &w).expect("fast path");
-        let b = project(&x, &wc).expect("fast path");
+        let a = project(&x, &w);
+        let b = project(&x, &wc);
         let (a, b) = (
             a.into_data().to_vec::<f32>().expect("f32"),
             b.into_data().to_vec::<f32>().expect("f32"),
@@ -73,21 +88,13 @@ fn column_major_weights_project_like_row_major_ones() {
 }
 
 #[test]
-fn other_backends_take_the_generic_path() {
-    type Ad = burn_autodiff::Autodiff<Cpu>;
-    let x = Tensor::<Ad, 2>::ones([2, 3], &Default::default());
-    let w = Tensor::<Ad, 2>::ones([4, 3], &Default::default());
-    assert!(project(&x, &w).is_none());
-}
-
-#[test]
 fn dot_handles_every_length() {
     for n in [0, 1, 15, 16, 17, 33, 100] {
         let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
         let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.25).collect();
         let expected: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!(
-            (dot(&a, &b) - expected).abs() <= 1e-3 * (1.0 + expected.abs()),
+            (dot16(&a, &b) - expected).abs() <= 1e-3 * (1.0 + expected.abs()),
             "n={n}"
         );
     }
@@ -128,7 +135,7 @@ fn attention_case(len: usize, keys: usize) {
         &Default::default(),
     );
     let scale = 0.35f32;
-    let fast = attention(&q, &k_cache, &v_cache, &bias, scale).expect("the CPU backend takes the fast path");
+    let fast = <Cpu as Kernels>::cached_attention(q.clone(), k_cache, v_cache, &bias, f64::from(scale));
     // Reference: repeat the key/value heads and use burn's softmax.
     let groups = heads / kv_heads;
     let expand = |t: Tensor<Cpu, 4>| {
@@ -208,9 +215,19 @@ fn simd_versions_give_bit_identical_results() {
         SIMD_LEVEL.store(level, Ordering::Relaxed);
         let mut bits = Vec::new();
         let mut push = |t: Vec<f32>| bits.extend(t.into_iter().map(f32::to_bits));
-        push(host_f32(attention(&q, &k, &v, &bias, 0.3).expect("fast path")));
-        push(host_f32(swiglu(&gate, &up).expect("fast path")));
-        push(host_f32(rms_norm(&gate, &norm_w, 1e-6).expect("fast path")));
+        push(host_f32(<Cpu as Kernels>::cached_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            &bias,
+            0.3,
+        )));
+        push(host_f32(<Cpu as Kernels>::swiglu(gate.clone(), up.clone())));
+        push(host_f32(<Cpu as Kernels>::rms_norm(
+            gate.clone(),
+            norm_w.clone(),
+            1e-6,
+        )));
         push(vec![log_softmax_at(&logits, 0.7, 5)]);
         let params = SamplingParams {
             temperature: 0.9,
@@ -236,7 +253,8 @@ fn assemble_stacks_rows_and_moves_columns_like_burn() {
     let mut rng = SplitMix64::new(8);
     let (a, b) = (random([3, 2, 10, 4], &mut rng), random([2, 2, 6, 4], &mut rng));
     let capacity = 12;
-    let fast = assemble(&[(&a, 2..9, 1), (&b, 0..6, 4)], capacity).expect("the CPU backend");
+    let device = Default::default();
+    let fast = <Cpu as Kernels>::assemble(&[(&a, 2..9, 1), (&b, 0..6, 4)], capacity, &device);
     let place = |t: &Tensor<Cpu, 4>, cols: std::ops::Range<usize>, at: usize| {
         let [n, h, _, d] = t.dims();
         Tensor::<Cpu, 4>::zeros([n, h, capacity, d], &Default::default()).slice_assign(
@@ -248,7 +266,11 @@ fn assemble_stacks_rows_and_moves_columns_like_burn() {
     assert_eq!(fast.dims(), [5, 2, capacity, 4]);
     assert_eq!(host_f32(fast), host_f32(slow));
     // Parts that do not fit are refused, not truncated.
-    assert!(assemble(&[(&a, 0..10, 3)], capacity).is_none());
-    let zeros = zeros::<Cpu, 3>([2, 3, 4]).expect("the CPU backend");
+    let a_view = match a.clone().into_primitive().tensor() {
+        NdArrayTensor::F32(s) => s.view().into_dimensionality::<Ix4>().expect("4-D").to_owned(),
+        _ => panic!("f32"),
+    };
+    assert!(crate::cpu_math::assemble(&[(a_view.view(), 0..10, 3)], capacity).is_none());
+    let zeros = <Cpu as Kernels>::zeros([2, 3, 4], &device);
     assert_eq!(host_f32(zeros), vec![0.0; 24]);
 }

@@ -1,6 +1,6 @@
 //! Layer recompute on the CPU: one decoder layer as a single autodiff node that keeps only its input.
 //!
-//! The forward pass runs the layer with the array kernels of `math.rs` and keeps nothing but the input `x`
+//! The forward pass runs the layer with the array kernels of `cpu_math.rs` and keeps nothing but the input `x`
 //! (and handles to the layer's weights, which exist anyway). The backward pass runs the layer's forward
 //! pass again, this time keeping its activations, and then walks back through it by hand, registering the
 //! gradient of the input with the node's parent and each weight's gradient under the weight's own node, where
@@ -21,11 +21,11 @@ use burn_autodiff::ops::{Backward, Ops};
 use burn_ndarray::NdArrayTensor;
 use ndarray::{Array1, Array2, Array3, ArrayView2, Axis, Ix1, Ix2};
 
-use super::{finish, prepare, primitive, view};
+use super::{autodiff_tables, finish, prepare, primitive, slice, view};
 use crate::backend::{Cpu, CpuAutodiff};
 use crate::cpu_math::{self as math, AttnSaved};
+use crate::kernels::{Pass, RopeRows};
 use crate::model::{DecoderLayer, HfLinear, RmsNorm};
-use crate::train::kernels::{Pass, RopeRows};
 use crate::train::pack::SegmentRun;
 
 /// One parameter: its values and, when it is trained, its autodiff node.
@@ -62,7 +62,7 @@ impl Lin {
 
     /// `x W^T + b`.
     fn apply(&self, x: ArrayView2<'_, f32>) -> Array2<f32> {
-        let mut y = math::matmul(x, view::<Ix2>(&self.w.t).t(), 1.0);
+        let mut y = math::project(x, view::<Ix2>(&self.w.t));
         if let Some(b) = &self.b {
             y += &view::<Ix1>(&b.t);
         }
@@ -351,8 +351,8 @@ struct LayerBackward;
 struct LayerState {
     x: NdArrayTensor,
     params: Arc<Params>,
-    cos: Arc<Vec<f32>>,
-    sin: Arc<Vec<f32>>,
+    cos: NdArrayTensor,
+    sin: NdArrayTensor,
     runs: Arc<Vec<SegmentRun>>,
     pass: Pass,
 }
@@ -365,8 +365,8 @@ impl Backward<Cpu, 1> for LayerBackward {
         let dy = grads.consume::<Cpu>(&ops.node);
         let s = ops.state;
         let rope = Rope {
-            cos: &s.cos,
-            sin: &s.sin,
+            cos: slice(&s.cos),
+            sin: slice(&s.sin),
         };
         let x = view::<Ix2>(&s.x);
         let (_, acts) = forward(&s.params, x, &rope, &s.runs, s.pass, true);
@@ -392,16 +392,17 @@ pub(crate) fn recomputed(
     let x = x.into_primitive().tensor();
     let params = Params::of(l);
     let prep = prepare(LayerBackward, [&x]);
+    let (cos, sin) = autodiff_tables(rows);
     let rope = Rope {
-        cos: &rows.cos_host,
-        sin: &rows.sin_host,
+        cos: slice(&cos),
+        sin: slice(&sin),
     };
     let (y, _) = forward(&params, view::<Ix2>(&x.primitive), &rope, runs, pass, false);
     finish(prep, primitive(y), || LayerState {
         x: x.primitive,
         params: Arc::new(params),
-        cos: rows.cos_host.clone(),
-        sin: rows.sin_host.clone(),
+        cos: cos.clone(),
+        sin: sin.clone(),
         runs: Arc::new(runs.to_vec()),
         pass,
     })
