@@ -14,6 +14,8 @@
 //! multiplying. Only the CPU's autodiff backend implements layer recompute ([`Kernels::RECOMPUTES_LAYERS`]).
 
 pub(crate) mod cpu;
+#[cfg(test)]
+mod tests;
 
 use std::ops::Range;
 
@@ -248,14 +250,39 @@ pub(crate) trait Kernels: Backend {
     }
 }
 
+/// Score elements (`batch x heads x query rows x keys`) that one block of the generic attention over the
+/// cache may hold: 2^26, 256 MiB in f32 (a 20k-token prefill of an 8B model would otherwise hold 51 GB).
+pub(crate) const SCORE_BUDGET: usize = 1 << 26;
+
+/// Query rows per block of the generic attention over the cache: as many as [`SCORE_BUDGET`] allows, at
+/// least one, at most `len`.
+pub(crate) fn cached_query_rows(batch: usize, heads: usize, len: usize, keys: usize) -> usize {
+    (SCORE_BUDGET / (batch * heads * keys).max(1)).clamp(1, len.max(1))
+}
+
 /// Grouped-query attention over cache columns in burn tensor operations (see
-/// [`Kernels::cached_attention`]); the whole `[batch, heads, len, keys]` score matrix at once.
+/// [`Kernels::cached_attention`]), in blocks of query rows sized by [`cached_query_rows`].
 pub(crate) fn burn_cached_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     bias: &Tensor<B, 5>,
     scale: f64,
+) -> Tensor<B, 4> {
+    let [batch, heads, len, _] = q.dims();
+    let rows = cached_query_rows(batch, heads, len, bias.dims()[4]);
+    burn_cached_attention_in_blocks(q, k, v, bias, scale, rows)
+}
+
+/// [`burn_cached_attention`] in blocks of `rows` query rows: only one block's `[batch, heads, rows, keys]`
+/// scores exist at a time, so memory grows linearly with the keys, not with `len x keys`.
+pub(crate) fn burn_cached_attention_in_blocks<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: &Tensor<B, 5>,
+    scale: f64,
+    rows: usize,
 ) -> Tensor<B, 4> {
     let [batch, nh, len, d] = q.dims();
     let nkv = k.dims()[1];
@@ -267,12 +294,37 @@ pub(crate) fn burn_cached_attention<B: Backend>(
         let keep = [0..batch, 0..nkv, 0..keys, 0..d];
         (k.slice(keep.clone()), v.slice(keep))
     };
+    let kt = k.swap_dims(2, 3);
     // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
-    let q = q.reshape([batch, nkv, groups * len, d]);
-    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
-    let scores = scores.reshape([batch, nkv, groups, len, keys]) + bias.clone();
-    let probs = softmax(scores, 4).reshape([batch, nkv, groups * len, keys]);
-    probs.matmul(v).reshape([batch, nh, len, d])
+    let q = q.reshape([batch, nkv, groups, len, d]);
+    let block = |t0: usize, t1: usize| {
+        let n = t1 - t0;
+        let (qb, mask) = if n == len {
+            (q.clone(), bias.clone())
+        } else {
+            (
+                q.clone().slice([0..batch, 0..nkv, 0..groups, t0..t1, 0..d]),
+                bias.clone().slice([0..batch, 0..1, 0..1, t0..t1, 0..keys]),
+            )
+        };
+        let scores = qb.reshape([batch, nkv, groups * n, d]).matmul(kt.clone()) * scale;
+        let scores = scores.reshape([batch, nkv, groups, n, keys]) + mask;
+        softmax(scores, 4)
+            .reshape([batch, nkv, groups * n, keys])
+            .matmul(v.clone())
+            .reshape([batch, nkv, groups, n, d])
+    };
+    let out = if rows >= len {
+        block(0, len)
+    } else {
+        Tensor::cat(
+            chunked::ranges(len, rows)
+                .map(|r| block(r.start, r.end))
+                .collect(),
+            3,
+        )
+    };
+    out.reshape([batch, nh, len, d])
 }
 
 /// Causal attention without blocks, the whole `n x n` score matrix per sequence under burn's autodiff: the
