@@ -217,7 +217,7 @@ pub(crate) trait Kernels: Backend {
 
     /// Zeros of `shape` (a fresh key/value cache).
     fn zeros<const D: usize>(shape: [usize; D], device: &Self::Device) -> Tensor<Self, D> {
-        Tensor::zeros(shape, device)
+        Tensor::zeros(shape, (device, float_dtype::<Self>()))
     }
 
     /// A zeroed `[rows, heads, capacity, d]` tensor holding `parts` stacked along the rows: part
@@ -232,7 +232,7 @@ pub(crate) trait Kernels: Backend {
             .iter()
             .map(|(t, cols, at)| {
                 let [b, h, _, d] = t.dims();
-                Tensor::zeros([b, h, capacity, d], device).slice_assign(
+                Self::zeros([b, h, capacity, d], device).slice_assign(
                     [0..b, 0..h, *at..*at + cols.len(), 0..d],
                     (*t).clone().slice([0..b, 0..h, cols.clone(), 0..d]),
                 )

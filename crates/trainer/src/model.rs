@@ -18,7 +18,7 @@ use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
 use crate::backend::InferenceDtype;
 use crate::config::ModelConfig;
-use crate::kernels::{Kernels, RopeRows};
+use crate::kernels::{Kernels, RopeRows, host_tensor};
 use crate::rope::RopeTable;
 
 #[cfg(test)]
@@ -148,7 +148,7 @@ impl<B: Backend> AttnInput<B> {
         let (cos, sin) = rope.cos_sin(positions);
         Self {
             rope: RopeRows::new(cos, sin, batch * len, rope.head_dim(), device),
-            bias: Tensor::from_data(TensorData::new(bias, [batch, 1, 1, len, keys]), device),
+            bias: host_tensor(bias, [batch, 1, 1, len, keys], device),
         }
     }
 

@@ -6,6 +6,7 @@ use burn::tensor::{Tensor, TensorData};
 use super::*;
 use crate::backend::Cpu;
 use crate::config::{Architecture, ModelConfig};
+use crate::kernels::Kernels;
 
 fn tiny(arch: Architecture) -> ModelConfig {
     let mut c = ModelConfig::new(arch, 64, 32, 48, 2, 4, 2);
@@ -120,4 +121,51 @@ fn initialisation_is_a_function_of_the_seed() {
             .iter()
             .all(|&x| x == 1.0)
     );
+}
+
+/// A left-padded prefill of two rows into a cache with room, then three decode steps: every logit.
+fn prefill_and_decode<B: Kernels>(model: &CausalLm<B>, config: &ModelConfig, rope: &RopeTable) -> Vec<f32> {
+    let device = Default::default();
+    let width = 5;
+    let ids: Vec<i64> = vec![3, 9, 27, 17, 51, 0, 0, 0, 1, 40];
+    let mut cache = KvCache::<B>::new(config, 2, width + 3, &device);
+    let input = AttnInput::padded(rope, &[5, 2], width, true, &device);
+    let ids = Tensor::from_data(TensorData::new(ids, [2, width]), &device);
+    let mut out = B::to_host(model.logits(model.forward_hidden(ids, &input, Some(&mut cache))));
+    for step in 0..3 {
+        let keys = width + step + 1;
+        // The second row's first real column is 3.
+        let mut bias = vec![0.0; 2 * keys];
+        bias[keys..keys + 3].fill(MASKED);
+        let input = AttnInput::new(rope, &[5 + step, 2 + step], bias, [2, 1, keys], &device);
+        let next = vec![7 + step as i64, 11];
+        let ids = Tensor::from_data(TensorData::new(next, [2, 1]), &device);
+        out.extend(B::to_host(model.logits(model.forward_hidden(
+            ids,
+            &input,
+            Some(&mut cache),
+        ))));
+    }
+    out
+}
+
+#[test]
+fn the_generic_kernels_generate_like_the_cpu_kernels() {
+    // burn-ndarray in f64 runs the generic kernels, the ones CUDA runs.
+    type Generic = burn_ndarray::NdArray<f64>;
+    for arch in [Architecture::Llama, Architecture::Qwen2, Architecture::Qwen3] {
+        let config = tiny(arch);
+        let model = CausalLm::<Cpu>::init(&config, 0.3, 4, &Default::default());
+        // In the backend's own float type, as the trainer builds it.
+        let weights = crate::Weights::from_model(&model);
+        let generic = crate::train::learner::build::<Generic>(&config, &weights, &Default::default())
+            .expect("the weights fit their own config");
+        let cpu = <Cpu as Kernels>::for_inference(model);
+        let rope = RopeTable::new(&config);
+        let a = prefill_and_decode(&cpu, &config, &rope);
+        let b = prefill_and_decode(&generic, &config, &rope);
+        assert_eq!(a.len(), (2 * 5 + 3 * 2) * config.vocab_size);
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-4, "{arch:?}: the kernels differ by {worst}");
+    }
 }

@@ -56,7 +56,11 @@ impl<B: Backend> ModuleMapper<B> for ToFloat {
 }
 
 /// The model of `weights` on `device` in `B`'s float type.
-fn build<B: Backend>(config: &ModelConfig, weights: &Weights, device: &B::Device) -> Result<CausalLm<B>> {
+pub(crate) fn build<B: Backend>(
+    config: &ModelConfig,
+    weights: &Weights,
+    device: &B::Device,
+) -> Result<CausalLm<B>> {
     Ok(CausalLm::<B>::from_weights(config, weights, device)?.map(&mut ToFloat(float_dtype::<B>().into())))
 }
 
