@@ -170,79 +170,19 @@ fn policy_size_flags_that_make_no_policy_are_refused_at_once() {
 #[test]
 fn the_quickstart_learns_and_its_frozen_control_does_not() {
     let root = tempfile::tempdir().unwrap();
-    let fileroot = format!("cluster.fileroot={}", root.path().display());
-    let policies = root.path().join("quickstart-policy");
-    let kept = std::env::var_os("ARENA_RL_CACHE").map(|cache| {
-        std::path::PathBuf::from(cache)
-            .join("quickstart-learning")
-            .join(format!("{:016x}", warmup_sources_hash()))
-    });
-    let cached = kept.as_ref().is_some_and(|k| k.is_dir());
-    if let Some(k) = kept.as_ref().filter(|k| k.is_dir()) {
-        copy_dir(k, &policies);
-    }
-    let last10 = |trial: &str, steps: u64, extra: &[&str]| -> f64 {
-        let out = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
-            .arg("quickstart")
-            .args(["--warmup-steps", "800", "--warmup-conversations", "1024"])
-            .args([
-                fileroot.as_str(),
-                &format!("trial_name={trial}"),
-                &format!("actor.total_train_steps={steps}"),
-                "metrics.progress=false",
-                "econfig.arena_base_url=http://127.0.0.1:0",
-            ])
-            .args(extra)
-            .env_remove("ARENA_OPENAPI_BASE")
-            .env_remove("ARENA_OPENAPI_TOKEN")
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("the arena-rl binary runs");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("rollout/reward: "))
-            .unwrap_or_else(|| panic!("no reward line in:\n{stdout}"));
-        let last = line
-            .split("last 10 RL step(s) ")
-            .nth(1)
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no last-10 mean in {line:?}"));
-        for info in stdout
-            .lines()
-            .filter(|l| l.starts_with("time: ") || l.starts_with("policy: "))
-        {
-            eprintln!("{trial}: {info}");
-        }
-        eprintln!("{trial}: {line}");
-        last
-    };
+    let warm = WarmCache::restore(root.path());
     // The control first: its run also warms up the policy when the cache has none.
-    let control = last10("control", 10, &["actor.lr=0"]);
-    if let Some(k) = kept.as_ref().filter(|_| !cached) {
-        // Policies warmed up by older sources are of no more use.
-        let parent = k.parent().unwrap();
-        for old in std::fs::read_dir(parent).into_iter().flatten().flatten() {
-            let _ = std::fs::remove_dir_all(old.path());
-        }
-        let tmp = k.with_extension(format!("tmp-{}", std::process::id()));
-        copy_dir(&policies, &tmp);
-        let _ = std::fs::rename(&tmp, k);
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
+    let control = learning_run(root.path(), "control", 10, &["actor.lr=0"], &[]);
+    warm.keep(root.path());
     // Each attempt is a fresh trial from the same warmed-up policy (sampling is unseeded, so runs differ).
     let mut trained = Vec::new();
     for attempt in 1..=ATTEMPTS {
-        let reward = last10(
+        let reward = learning_run(
+            root.path(),
             &format!("learns-{attempt}"),
             50,
             &["actor.lr_scheduler_type=constant"],
+            &[],
         );
         trained.push(reward);
         if reward - control >= 0.2 {
@@ -254,8 +194,119 @@ fn the_quickstart_learns_and_its_frozen_control_does_not() {
     );
 }
 
+/// The learning test's warmed-up policy (800 warm-up steps), kept in `ARENA_RL_CACHE` between runs under
+/// [`warmup_sources_hash`], so only the first run after a change to the code that builds it pays for it.
+pub(crate) struct WarmCache {
+    kept: Option<std::path::PathBuf>,
+    cached: bool,
+}
+
+impl WarmCache {
+    /// Copies a kept policy into `<root>/quickstart-policy`, where the quickstart looks for it, if there is
+    /// one.
+    pub(crate) fn restore(root: &std::path::Path) -> Self {
+        let kept = std::env::var_os("ARENA_RL_CACHE").map(|cache| {
+            std::path::PathBuf::from(cache)
+                .join("quickstart-learning")
+                .join(format!("{:016x}", warmup_sources_hash()))
+        });
+        let cached = kept.as_ref().is_some_and(|k| k.is_dir());
+        if let Some(k) = kept.as_ref().filter(|k| k.is_dir()) {
+            copy_dir(k, &root.join("quickstart-policy"));
+        }
+        Self { kept, cached }
+    }
+
+    /// After a first run has warmed the policy up under `root`: keeps it (when it was not kept already).
+    pub(crate) fn keep(&self, root: &std::path::Path) {
+        let Some(k) = self.kept.as_ref().filter(|_| !self.cached) else {
+            return;
+        };
+        // Policies warmed up by older sources are of no more use (this hash's, and another test's copy in
+        // progress under it, stay).
+        let parent = k.parent().unwrap();
+        let current = k.file_name().unwrap().to_string_lossy().into_owned();
+        for old in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            if !old.file_name().to_string_lossy().starts_with(&current) {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
+        let tmp = k.with_extension(format!("tmp-{}", std::process::id()));
+        copy_dir(&root.join("quickstart-policy"), &tmp);
+        let _ = std::fs::rename(&tmp, k);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+}
+
+/// Runs `arena-rl quickstart` under `root` from the learning test's warm-up (800 steps on 1024
+/// conversations; [`WarmCache`] keeps it) for `steps` RL steps of trial `trial`, with `extra` overrides and
+/// `env` added to its environment; asserts it succeeds and returns its standard output.
+pub(crate) fn warmed_quickstart(
+    root: &std::path::Path,
+    trial: &str,
+    steps: u64,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
+        .arg("quickstart")
+        .args(["--warmup-steps", "800", "--warmup-conversations", "1024"])
+        .args([
+            format!("cluster.fileroot={}", root.display()).as_str(),
+            &format!("trial_name={trial}"),
+            &format!("actor.total_train_steps={steps}"),
+            "metrics.progress=false",
+            "econfig.arena_base_url=http://127.0.0.1:0",
+        ])
+        .args(extra)
+        .env_remove("ARENA_OPENAPI_BASE")
+        .env_remove("ARENA_OPENAPI_TOKEN")
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("the arena-rl binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// One quickstart trial under `root` at the learning test's scale (800 warm-up steps on 1024
+/// conversations), `steps` RL steps; returns the last-10-step mean reward it prints. `env` is added to the
+/// command's environment.
+pub(crate) fn learning_run(
+    root: &std::path::Path,
+    trial: &str,
+    steps: u64,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> f64 {
+    let stdout = warmed_quickstart(root, trial, steps, extra, env);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("rollout/reward: "))
+        .unwrap_or_else(|| panic!("no reward line in:\n{stdout}"));
+    let last = line
+        .split("last 10 RL step(s) ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no last-10 mean in {line:?}"));
+    for info in stdout
+        .lines()
+        .filter(|l| l.starts_with("time: ") || l.starts_with("policy: "))
+    {
+        eprintln!("{trial}: {info}");
+    }
+    eprintln!("{trial}: {line}");
+    last
+}
+
 /// Trained runs the learning test may take to see one learn (see its doc for why more than one).
-const ATTEMPTS: usize = 3;
+pub(crate) const ATTEMPTS: usize = 3;
 
 /// A hash of the sources that build and warm up the quickstart policy (the trainer, the quickstart's own
 /// modules, the dependency lock): the key under which the learning test keeps its warmed-up policy.
