@@ -5,11 +5,13 @@
 
 `INIT.json` is an `init` request body (docs/trainer-protocol.md); each batch file is trained in turn
 (`--repeat` times over), whatever step its metadata names. Under torchrun every rank runs it; rank 0 writes
-OUT.json: `{"init_seconds", "steps": [{"seconds", "forward_tokens", "stats"}]}` (`seconds` is the wall time of
-`Engine.step`, batch reading included, as a protocol step's worker time is)."""
+OUT.json: `{"init_seconds", "world_size", "steps": [{"seconds", "forward_tokens", "stats"}], "max_rss_bytes"}`
+(`seconds` is the wall time of `Engine.step`, batch reading included, as a protocol step's worker time is;
+`max_rss_bytes` is rank 0's peak resident memory, to set against a protocol worker's)."""
 
 import argparse
 import json
+import resource
 import time
 
 
@@ -39,6 +41,7 @@ def main(argv=None):
             t = time.perf_counter()
             r = eng.step(kind, path, None)
             out["steps"].append({"seconds": time.perf_counter() - t, "forward_tokens": r["stats"]["forward_tokens"], "stats": r["stats"]})
+    out["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if eng.rank == 0:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
