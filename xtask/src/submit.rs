@@ -8,6 +8,7 @@
 //! Credentials never pass through here: the scripts name the credentials file, and the jobs source it.
 
 mod env;
+mod eval;
 mod fit;
 mod profile;
 mod render;
@@ -26,8 +27,8 @@ pub(crate) use env::{Ctx, Env};
 pub(crate) use profile::Profile;
 pub(crate) use validate::{Launch, Problems};
 
-/// `cargo xtask submit [--check-arena | --print-profile] [--profile local|grpo|flash-v3] [--dry-run]
-/// [overrides...]`
+/// `cargo xtask submit [--check-arena | --print-profile | --rollout-only N | --eval --checkpoint DIR ...]
+/// [--profile local|grpo|flash-v3] [--dry-run] [overrides...]`
 #[derive(Debug, clap::Args)]
 pub(crate) struct SubmitArgs {
     /// Run only the controller's Arena preflight (writes preflight.json), not the training job.
@@ -37,6 +38,28 @@ pub(crate) struct SubmitArgs {
     /// at least ROLLOUTS rollouts, in steps of the profile's batch x samples, instead of training.
     #[arg(long, value_name = "ROLLOUTS", conflicts_with = "check_arena", value_parser = clap::value_parser!(u64).range(1..))]
     rollout_only: Option<u64>,
+    /// Run `arena-rl eval` on --checkpoint instead of training: the checkpoint in the trainer node's process
+    /// (no policy servers, no FSDP2 worker, no optimizer state), results under the run folder's `eval/`.
+    #[arg(long, requires = "checkpoint", conflicts_with_all = ["check_arena", "rollout_only"])]
+    eval: bool,
+    /// With --eval: the checkpoint, a model folder or a folder of step-N checkpoints (the newest).
+    #[arg(long, value_name = "DIR", requires = "eval")]
+    checkpoint: Option<std::path::PathBuf>,
+    /// With --eval: a second checkpoint to compare against (the same forms).
+    #[arg(long, value_name = "DIR", requires = "eval")]
+    baseline: Option<std::path::PathBuf>,
+    /// With --eval: samples per task (`k` of pass@k), 1 by default.
+    #[arg(long, value_name = "K", requires = "eval", value_parser = clap::value_parser!(u32).range(1..))]
+    samples: Option<u32>,
+    /// With --eval: the output folder (a rerun with the same folder resumes); `<run dir>/eval` by default.
+    #[arg(long, value_name = "DIR", requires = "eval")]
+    out: Option<std::path::PathBuf>,
+    /// With --eval: a task manifest (a JSON list of `env:key@version` references, as `arena-rl eval` takes).
+    #[arg(long, value_name = "FILE", requires = "eval", conflicts_with = "streams")]
+    manifest: Option<std::path::PathBuf>,
+    /// With --eval: evaluate every row of these Streams (comma-separated names).
+    #[arg(long, value_name = "NAME,NAME", requires = "eval", value_delimiter = ',')]
+    streams: Vec<String>,
     /// Print the profile's eleven key=value lines and exit, touching nothing.
     #[arg(long, conflicts_with = "dry_run")]
     print_profile: bool,
@@ -88,11 +111,30 @@ pub(crate) fn run(args: SubmitArgs) -> Result<()> {
         Mode::Submit
     };
     let ctx = Ctx::current()?;
+    // The eval's paths are the user's, relative to where this runs (checked before AREAL_DIR is entered).
+    let eval = if args.eval {
+        let flags = eval::EvalFlags {
+            checkpoint: args.checkpoint.clone(),
+            baseline: args.baseline.clone(),
+            samples: args.samples,
+            out: args.out.clone(),
+            manifest: args.manifest.clone(),
+            streams: args.streams.clone(),
+        };
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        match flags.check(&cwd) {
+            Ok(job) => Some(job),
+            Err(problems) => fail(&problems),
+        }
+    } else {
+        None
+    };
     let mut launch = match validate::validate(args.profile, mode, &args.overrides, &env, &ctx) {
         Ok(l) => l,
         Err(problems) => fail(&problems),
     };
     launch.rollout_only = args.rollout_only;
+    launch.set_eval(eval);
     // As the reference does, relative paths in the config are read from the checkout.
     std::env::set_current_dir(&launch.areal_dir)
         .with_context(|| format!("entering AREAL_DIR {}", launch.areal_dir.display()))?;
@@ -101,8 +143,9 @@ pub(crate) fn run(args: SubmitArgs) -> Result<()> {
         Err(problems) => fail(&problems),
     };
     launch.apply_config(&config);
-    // `--check-arena` trains nothing, so the model is not loaded and need not fit.
+    // `--check-arena` and `--eval` train nothing, so the trainer's state need not fit.
     if mode == Mode::Submit
+        && launch.eval.is_none()
         && let Err(problems) = fit::check(&launch, &config)
     {
         fail(&problems);

@@ -36,6 +36,7 @@ pub(crate) fn render(l: &Launch) -> Scripts {
             "check_note",
             match l.mode {
                 Mode::CheckArena => ", --check-arena: preflight only".into(),
+                Mode::Submit if l.eval.is_some() => ", --eval: the GPU job evaluates a checkpoint".into(),
                 Mode::Submit => String::new(),
             },
         ),
@@ -59,7 +60,9 @@ pub(crate) fn render(l: &Launch) -> Scripts {
         ("train_args", train_args(l)),
         (
             "run_command",
-            if l.rollout_only.is_some() {
+            if l.eval.is_some() {
+                "eval"
+            } else if l.rollout_only.is_some() {
                 "rollout"
             } else {
                 "train"
@@ -96,7 +99,11 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         // Every interface: the run advertises the address of the one that routes to Arena (docs/slurm.md).
         "proxy.host=0.0.0.0".to_string(),
     ];
-    o.extend(device_overrides(&l.placement));
+    if l.eval.is_some() {
+        o.extend(eval_device_overrides(&l.placement));
+    } else {
+        o.extend(device_overrides(&l.placement));
+    }
     if let Some(ranks) = worker_ranks(l) {
         // The loop attaches to the worker the job starts (`actor.fsdp2.attach`, set when the job runs).
         o.push("actor.backend=fsdp2".to_string());
@@ -115,10 +122,10 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
 }
 
 /// The FSDP2 worker's ranks on each trainer node, when the job starts one: an `fsdp2:` actor that trains
-/// (`--rollout-only` trains nothing, so it starts no worker).
+/// (`--rollout-only` and `--eval` train nothing, so they start no worker).
 pub(crate) fn worker_ranks(l: &Launch) -> Option<u32> {
     match l.placement.actor {
-        ActorLayout::Fsdp2 { .. } if l.rollout_only.is_none() => Some(l.placement.trainer_ranks_per_node),
+        ActorLayout::Fsdp2 { .. } if l.trains() => Some(l.placement.trainer_ranks_per_node),
         _ => None,
     }
 }
@@ -150,6 +157,15 @@ pub(crate) fn device_overrides(p: &Placement) -> Vec<String> {
         o.push("model.dtype=bf16".to_string());
     }
     o
+}
+
+/// Where `arena-rl eval` runs the checkpoint: nothing trains, so on the node's first GPU in bf16; on the CPU
+/// in f32 without GPUs.
+fn eval_device_overrides(p: &Placement) -> Vec<String> {
+    if p.gpus_per_node == 0 {
+        return Vec::new();
+    }
+    vec!["model.device=cuda:0".to_string(), "model.dtype=bf16".to_string()]
 }
 
 /// The device of each `serve-policy` replica: its first visible GPU, or the CPU when it has none.
@@ -265,6 +281,18 @@ fn train_resources(l: &Launch) -> String {
 
 fn placement(l: &Launch) -> String {
     let p = &l.placement;
+    if l.eval.is_some() {
+        let devices = eval_device_overrides(p).join(", ");
+        let devices = if devices.is_empty() {
+            "on the CPU".to_string()
+        } else {
+            devices
+        };
+        return format!(
+            "# Placement (--eval): one node runs `arena-rl eval`, which serves the checkpoint in its own process\n\
+             # ({devices}); nothing trains, no policy servers, no FSDP2 worker."
+        );
+    }
     let devices = device_overrides(p).join(", ");
     let devices = if devices.is_empty() {
         "everything on the CPU".to_string()
@@ -344,10 +372,14 @@ fn preflight(l: &Launch) -> String {
     }
 }
 
-/// The arguments of `arena-rl train` after `--config`: the profile's overrides, the policy servers, then the
-/// user's overrides (later ones win).
+/// The arguments of `arena-rl train` (or `rollout`, `eval`) after `--config`: `--eval`'s flags, the profile's
+/// overrides, the policy servers, then the user's overrides (later ones win).
 fn train_args(l: &Launch) -> String {
-    let mut args: Vec<String> = profile_overrides(l).iter().map(|o| quote(o)).collect();
+    let mut args: Vec<String> = match &l.eval {
+        Some(e) => e.args(&l.run.run_dir),
+        None => Vec::new(),
+    };
+    args.extend(profile_overrides(l).iter().map(|o| quote(o)));
     args.push("\"rollout.policy_servers=[$ARENA_POLICY_SERVERS]\"".into());
     if worker_ranks(l).is_some() {
         args.push("\"actor.fsdp2.attach=$ARENA_TRAINER_ATTACH\"".into());

@@ -1202,3 +1202,123 @@ fn concurrency_sets_the_rollouts_in_flight() {
         Some(3),
     );
 }
+
+/// `--eval`: the trainer step runs `arena-rl eval` on the checkpoint, on the trainer's node alone (grpo's
+/// policy servers and its FSDP2 worker are not started: the eval serves the checkpoint in its own process and
+/// trains nothing), on the node's first GPU, with the output folder under the run folder.
+#[test]
+fn eval_runs_arena_rl_eval_on_the_trainer_node_alone() {
+    let site = Site::new();
+    write(&site.root.join("ckpt/step-3/config.json"), "{}");
+    write(&site.root.join("models/policy/config.json"), "{}");
+    write(&site.root.join("tasks.json"), "[]");
+    let mut l = site
+        .launch(
+            Profile::Grpo,
+            Mode::Submit,
+            &[("TRIAL_NAME", Some("ev-1"))],
+            &["gconfig.temperature=0.6"],
+        )
+        .expect("valid");
+    let flags = super::eval::EvalFlags {
+        checkpoint: Some("ckpt".into()),
+        baseline: Some("models/policy".into()),
+        samples: Some(4),
+        manifest: Some("tasks.json".into()),
+        ..Default::default()
+    };
+    l.set_eval(Some(flags.check(&site.root).expect("valid")));
+    let (controller, train) = site.scripts(&l);
+    insta::assert_snapshot!(snapshot(&site, &l));
+    assert!(
+        controller.contains("--eval: the GPU job evaluates a checkpoint"),
+        "{controller}"
+    );
+    assert!(
+        train.contains("exec \"$ARENA_RL_BIN\" eval --config \"$CONFIG_PATH\""),
+        "{train}"
+    );
+    assert!(train.contains("#SBATCH --nodes=1\n"), "{train}");
+    assert!(
+        train.contains("trainer_nodes=1\ntrainer_ranks_per_node=0\n"),
+        "{train}"
+    );
+    assert!(train.contains("replicas_per_node=0\n"), "{train}");
+    for line in [
+        "--checkpoint /shared/ckpt",
+        "--baseline /shared/models/policy",
+        "--samples 4",
+        "--out /shared/runs/ev-1/eval",
+        "--manifest /shared/tasks.json",
+        "model.device=cuda:0",
+        "model.dtype=bf16",
+        "gconfig.temperature=0.6",
+    ] {
+        assert!(
+            train.contains(&format!("                {line} \\\n"))
+                || train.contains(&format!("                {line}\n")),
+            "{line}:\n{train}"
+        );
+    }
+    let overrides = render::profile_overrides(&l);
+    assert!(
+        overrides.contains(&"cluster.n_nodes=1".to_string()),
+        "{overrides:?}"
+    );
+    assert!(
+        !overrides
+            .iter()
+            .any(|o| o.starts_with("actor.") && o.contains("fsdp2")),
+        "{overrides:?}"
+    );
+    assert!(render::worker_ranks(&l).is_none());
+    let path = site.root.join("train.sh");
+    std::fs::write(&path, &train).expect("write");
+    let out = Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "bash -n: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `--eval`'s flags are checked before anything is written, one line each naming the flag and the path.
+#[test]
+fn eval_refuses_a_checkpoint_that_is_not_there_in_one_line() {
+    let site = Site::new();
+    std::fs::create_dir_all(site.root.join("empty")).expect("dir");
+    let check = |flags: super::eval::EvalFlags| -> Vec<String> {
+        match flags.check(&site.root) {
+            Ok(_) => Vec::new(),
+            Err(p) => p
+                .lines()
+                .iter()
+                .map(|l| l.replace(&site.root.display().to_string(), "/shared"))
+                .collect(),
+        }
+    };
+    assert_eq!(
+        check(super::eval::EvalFlags {
+            checkpoint: Some("nope/step-9".into()),
+            ..Default::default()
+        }),
+        ["--checkpoint /shared/nope/step-9 does not exist or is not a directory"]
+    );
+    assert_eq!(
+        check(super::eval::EvalFlags {
+            checkpoint: Some("empty".into()),
+            manifest: Some("/shared-missing/m.json".into()),
+            streams: vec!["sim chat".into()],
+            ..Default::default()
+        }),
+        [
+            "--checkpoint /shared/empty is neither a model folder (no config.json) nor a folder of step-N checkpoints",
+            "--manifest /shared-missing/m.json does not exist or is not a file",
+            "--streams holds 'sim chat', which is not a Stream name (letters, digits, '.', '_', '-')",
+        ]
+    );
+}

@@ -81,6 +81,8 @@ pub(crate) struct Launch {
     pub(crate) overrides: Vec<String>,
     /// `--rollout-only N`: the GPU job runs `arena-rl rollout` for at least N rollouts instead of training.
     pub(crate) rollout_only: Option<u64>,
+    /// `--eval`: the GPU job runs `arena-rl eval` on a checkpoint instead of training ([`Launch::set_eval`]).
+    pub(crate) eval: Option<super::eval::EvalJob>,
     /// Where and when this was rendered (for the scripts' header).
     pub(crate) host: String,
     pub(crate) timestamp: String,
@@ -119,6 +121,25 @@ impl Launch {
     /// Takes the run's folder and the worker's Python from the loaded run config (`check_config`'s).
     pub(crate) fn apply_config(&mut self, config: &stream_config::RunConfig) {
         self.run = RunFacts::of(config);
+    }
+
+    /// `--eval`: `arena-rl eval` runs the checkpoint in its own process (it refuses policy servers), so the
+    /// job is the trainer's node alone, with no policy servers and no FSDP2 worker.
+    pub(crate) fn set_eval(&mut self, eval: Option<super::eval::EvalJob>) {
+        if eval.is_some() {
+            let p = &mut self.placement;
+            p.trainer_nodes = 1;
+            p.trainer_ranks_per_node = 0;
+            p.serve_nodes = 0;
+            p.replicas_per_node = 0;
+            p.gpus_per_replica = 0;
+        }
+        self.eval = eval;
+    }
+
+    /// Whether the GPU job trains (not `--rollout-only`, not `--eval`).
+    pub(crate) fn trains(&self) -> bool {
+        self.rollout_only.is_none() && self.eval.is_none()
     }
 }
 
@@ -453,6 +474,7 @@ pub(crate) fn validate(
         supervise_interval: supervise_interval.expect("checked above"),
         overrides: overrides.to_vec(),
         rollout_only: None,
+        eval: None,
         host: ctx.host.clone(),
         timestamp: ctx.timestamp.clone(),
     })

@@ -399,3 +399,72 @@ fn submit_refuses_an_fsdp2_layout_too_small_for_the_model() {
     assert!(gib > 80.0, "{stderr}");
     assert!(is_empty_dir(&launch.path("runs")));
 }
+
+/// `--eval` with another mode, or with a checkpoint that is not there, is refused with exit status 2 before
+/// anything is written; a valid `--eval --dry-run` prints the controller and writes nothing.
+#[test]
+fn eval_is_refused_with_another_mode_or_a_missing_checkpoint() {
+    let launch = Launch::new();
+    std::fs::write(launch.path("model/config.json"), "{}").expect("config.json");
+    let model = launch.path("model").display().to_string();
+    let out = run(
+        &launch,
+        &[
+            "submit",
+            "--eval",
+            "--checkpoint",
+            &model,
+            "--rollout-only",
+            "6",
+            "--profile",
+            "local",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("'--eval' cannot be used with '--rollout-only <ROLLOUTS>'"),
+        "{stderr}"
+    );
+    let missing = launch.path("checkpoints/step-9").display().to_string();
+    let out = run(
+        &launch,
+        &["submit", "--eval", "--checkpoint", &missing, "--profile", "local"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        format!("xtask submit: --checkpoint {missing} does not exist or is not a directory\n")
+    );
+    // --checkpoint without --eval.
+    let out = run(
+        &launch,
+        &["submit", "--checkpoint", &model, "--profile", "local"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = run(
+        &launch,
+        &[
+            "submit",
+            "--dry-run",
+            "--eval",
+            "--checkpoint",
+            &model,
+            "--samples",
+            "2",
+            "--profile",
+            "local",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let script = text(&out.stdout);
+    assert!(
+        script.contains("(profile local, --eval: the GPU job evaluates a checkpoint)"),
+        "{script}"
+    );
+    assert!(is_empty_dir(&launch.path("runs")), "a dry run wrote files");
+}

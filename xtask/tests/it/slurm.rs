@@ -709,3 +709,77 @@ fn fsdp2_trains_the_local_profile_with_a_two_rank_worker_under_slurm() {
         assert_no_credentials(&path.display().to_string(), &text);
     }
 }
+
+/// `--eval` on the `local` profile: the train job runs `arena-rl eval` on the quickstart's tiny policy
+/// (a model folder) over `--streams sim-chat` (three `sum` rows here) twice each; both jobs end COMPLETED,
+/// `eval/candidate/results.jsonl` under the run folder holds the 3 x 2 samples, `eval/report.txt` the
+/// table, nothing was trained, and no credential is in any file of the submission or the evaluation.
+#[test]
+fn eval_runs_arena_rl_eval_under_slurm() {
+    let world = SUMS_WORLD.replace("generated_rows: 64", "generated_rows: 3");
+    let Some(mut site) = Site::start(SimWorld::Yaml(&world)) else {
+        return;
+    };
+    site.prepare_policy();
+    write(&site.path("arena.env"), &credentials(&site.sim.base_url, true));
+    let trial = "slurm-eval";
+    let checkpoint = site.model.display().to_string();
+    let job = site.submit(
+        trial,
+        "arena.env",
+        &[
+            "--profile",
+            "local",
+            "--eval",
+            "--checkpoint",
+            &checkpoint,
+            "--streams",
+            "sim-chat",
+            "--samples",
+            "2",
+        ],
+    );
+    let (state, log) = site.wait_controller(trial, &job, TRAIN_LIMIT);
+    let dir = site.path(&format!("runs/submissions/{trial}"));
+    let train_job = std::fs::read_to_string(dir.join("train.jobid"))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default();
+    let train_log = std::fs::read_to_string(dir.join(format!("train-{train_job}.log"))).unwrap_or_default();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "controller log:\n{log}\ntrain log:\n{train_log}\n{}",
+        site.cluster.logs()
+    );
+    assert_eq!(
+        site.cluster.job_state(&train_job).as_deref(),
+        Some("COMPLETED"),
+        "the train job's state; its log:\n{train_log}"
+    );
+    let run = site.path(&format!("runs/arena-local/{trial}"));
+    let out = run.join("eval");
+    assert!(
+        train_log.contains("pass rate [95% CI]")
+            && train_log.contains("stream/sim-chat")
+            && train_log.contains(&format!("results: {}", out.display())),
+        "{train_log}"
+    );
+    let results =
+        std::fs::read_to_string(out.join("candidate/results.jsonl")).expect("results.jsonl written");
+    let lines: Vec<serde_json::Value> = results
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a result line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), 6, "3 tasks x 2 samples:\n{results}");
+    assert!(lines.iter().all(|l| l["stream"] == "sim-chat"), "{results}");
+    let tasks: std::collections::BTreeSet<&str> =
+        lines.iter().filter_map(|l| l["task_id"].as_str()).collect();
+    assert_eq!(tasks.len(), 3, "{results}");
+    let report = std::fs::read_to_string(out.join("report.txt")).expect("report.txt written");
+    assert!(report.contains("stream/sim-chat"), "{report}");
+    assert!(out.join("eval.png").is_file(), "no eval.png");
+    assert!(!run.join("checkpoints").exists(), "--eval trained");
+    for (path, text) in files(&dir).into_iter().chain(files(&out)) {
+        assert_no_credentials(&path.display().to_string(), &text);
+    }
+}
