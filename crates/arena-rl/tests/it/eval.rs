@@ -16,10 +16,10 @@ use arena_sim::{ArenaSim, StreamDef, World};
 use crate::support::{OracleEngine, config, env, model_folder};
 
 /// The stream of `env:` rows every test evaluates.
-const STREAM: &str = "sim-env";
+pub(crate) const STREAM: &str = "sim-env";
 
 /// The quickstart world plus `sim-env`: `n` rows `env:min-<i>@v1` (the `min` family, Chat Completions).
-fn world(n: usize) -> World {
+pub(crate) fn world(n: usize) -> World {
     let mut w = World::quickstart();
     w.token = "sim-token".into();
     let mut s = StreamDef::new(STREAM)
@@ -33,7 +33,7 @@ fn world(n: usize) -> World {
     w
 }
 
-fn stream_override(streams: &[&str]) -> String {
+pub(crate) fn stream_override(streams: &[&str]) -> String {
     let defs: Vec<String> = streams
         .iter()
         .map(|s| {
@@ -46,7 +46,13 @@ fn stream_override(streams: &[&str]) -> String {
     format!("econfig.arena_streams=[{}]", defs.join(", "))
 }
 
-fn options(root: &Path, model: &Path, manifest: &str, samples: u32, baseline: bool) -> EvalOptions {
+pub(crate) fn options(
+    root: &Path,
+    model: &Path,
+    manifest: &str,
+    samples: u32,
+    baseline: bool,
+) -> EvalOptions {
     let path = root.join("manifest.json");
     std::fs::write(&path, manifest).unwrap();
     EvalOptions {

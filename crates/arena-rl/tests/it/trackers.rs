@@ -653,3 +653,117 @@ async fn train_feeds_wandb_every_step_it_writes_to_metrics_jsonl() {
     assert_eq!(wb["summary"]["steps_trained"], 2);
     assert!(wb["summary"]["reward_curve"].is_object(), "{}", wb["summary"]);
 }
+
+/// `arena-rl eval` feeds MLflow: a real evaluation against arena-sim (three manifest tasks, two samples each,
+/// an engine that answers every second one wrong) with `metrics.trackers: [mlflow]`; MLflow's own client reads
+/// back one finished run whose metrics are the evaluation's `metrics.jsonl`, value for value, at step 0, with
+/// `eval.png` among its artifacts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eval_feeds_mlflow_the_figures_of_its_metrics_jsonl() {
+    let Some(python) = std::env::var_os("ARENA_RL_PY_TRACKERS").map(PathBuf::from) else {
+        eprintln!(
+            "skipping: ARENA_RL_PY_TRACKERS is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_server, uri) = mlflow_server(&python, tmp.path()).await;
+    let sim = arena_sim::ArenaSim::start(crate::eval::world(3))
+        .await
+        .expect("sim");
+    let root = tmp.path().join("eval-root");
+    std::fs::create_dir_all(&root).expect("root");
+    let model = crate::support::model_folder(&root);
+    let options = crate::eval::options(
+        &root,
+        &model,
+        r#"["env:min-00@v1", "env:min-01@v1", "env:min-02@v1"]"#,
+        2,
+        false,
+    );
+    let uri_override = format!("metrics.mlflow.tracking_uri={uri}");
+    let config = crate::support::config(
+        &sim.base_url(),
+        &root,
+        &model,
+        &[
+            &crate::eval::stream_override(&[crate::eval::STREAM]),
+            "metrics.trackers=[mlflow]",
+            &uri_override,
+        ],
+    );
+    let engines = arena_rl::run::EvalEngines {
+        candidate: Some(crate::support::OracleEngine::new(&model, 2).handle()),
+        baseline: None,
+    };
+    let started = Instant::now();
+    let summary = arena_rl::run::evaluate(config, &crate::support::env(), &options, engines)
+        .await
+        .expect("eval");
+    eprintln!("eval with mlflow took {:?}", started.elapsed());
+    assert_eq!(summary.ran.0, 6, "3 tasks x 2 samples");
+    let jsonl: Vec<Value> = std::fs::read_to_string(options.out.join("metrics/metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert_eq!(jsonl.len(), 1, "one step: {jsonl:?}");
+    let line = jsonl[0].as_object().expect("an object");
+    assert_eq!(line["step"], 0);
+    let pass_rate = line["eval/all/pass_rate"].as_f64().expect("eval/all/pass_rate");
+    assert!(
+        pass_rate > 0.0 && pass_rate < 1.0,
+        "every second answer wrong: {pass_rate}"
+    );
+
+    let run_id = read_state(&options.out.join("trackers"), "mlflow.json")["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_string();
+    let ml = python_out(&python, MLFLOW_READER, &[&uri, &run_id]);
+    assert_eq!(ml["status"], "FINISHED", "{ml}");
+    let expected: BTreeMap<String, Vec<(u64, f64)>> = line
+        .iter()
+        .filter(|(k, _)| k.as_str() != "step")
+        .map(|(k, v)| (mlflow_key(k), vec![(0, v.as_f64().expect("a number"))]))
+        .collect();
+    let got: BTreeMap<String, Vec<(u64, f64)>> = ml["history"]
+        .as_object()
+        .expect("history")
+        .iter()
+        .map(|(k, points)| {
+            let points = points
+                .as_array()
+                .expect("points")
+                .iter()
+                .map(|p| (p[0].as_u64().expect("step"), p[1].as_f64().expect("value")))
+                .collect();
+            (k.clone(), points)
+        })
+        .collect();
+    assert_eq!(got, expected, "MLflow holds the evaluation's metrics.jsonl");
+    for key in ["eval/all/pass_rate_lo", "eval/stream/sim-env/pass@2"] {
+        assert!(got.contains_key(&mlflow_key(key)), "{key} missing from {got:?}");
+    }
+    let artifacts: Vec<&str> = ml["artifacts"]
+        .as_array()
+        .expect("artifacts")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(artifacts.contains(&"eval.png"), "{artifacts:?}");
+    // The chart MLflow holds is the evaluation's `eval.png`, byte for byte.
+    let fetched = tmp.path().join("fetched");
+    std::fs::create_dir_all(&fetched).expect("fetched dir");
+    python_out(
+        &python,
+        "import json, sys\nfrom mlflow.tracking import MlflowClient\n\
+         p = MlflowClient(sys.argv[1]).download_artifacts(sys.argv[2], 'eval.png', sys.argv[3])\n\
+         print(json.dumps(p))",
+        &[&uri, &run_id, fetched.to_str().expect("utf-8")],
+    );
+    assert_eq!(
+        std::fs::read(fetched.join("eval.png")).expect("downloaded eval.png"),
+        std::fs::read(&summary.png).expect("eval.png")
+    );
+}

@@ -429,9 +429,14 @@ pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx:
 
 async fn finish(client: &Client, run_id: &str, artifact_uri: &str, curve: Option<&Path>, summary: &Value) {
     if let Some(path) = curve {
+        // Under its own name: `reward_curve.png` for a run, `eval.png` for an evaluation.
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("reward_curve.png");
         match std::fs::read(path) {
             Ok(data) => {
-                if let Err(f) = client.upload(artifact_uri, "reward_curve.png", data).await {
+                if let Err(f) = client.upload(artifact_uri, name, data).await {
                     tracing::warn!(error = %f.message, "MLflow: the reward curve was not uploaded");
                 }
             }
