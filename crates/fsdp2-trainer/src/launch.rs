@@ -151,10 +151,18 @@ impl Worker {
     /// Starts `torchrun --standalone --nproc-per-node N -m arena_rl_fsdp2 --listen ADDR --run-dir DIR` in a
     /// process group of its own, with `key` in its environment, and waits until rank 0 answers.
     pub fn launch(config: &LaunchConfig, key: SecretString) -> Result<Self> {
-        let listen = free_address(&config.listen)?;
         let run_dir = &config.run_dir;
         let trainer_dir = run_dir.join("trainer");
         std::fs::create_dir_all(&trainer_dir).map_err(Error::io(&trainer_dir))?;
+        // With port 0 rank 0 binds a port the system picks and writes it here: a port probed on this side
+        // and bound later by the worker could be taken in between (another worker, torchrun's own store).
+        let address_file = picks_port(&config.listen)?.then(|| trainer_dir.join("rank0.address"));
+        if let Some(file) = &address_file {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(file)(e)),
+                _ => {}
+            }
+        }
         let log = trainer_dir.join("worker.log");
         let out = OpenOptions::new()
             .create(true)
@@ -171,8 +179,13 @@ impl Worker {
             .args(args)
             .args(["--standalone", "--nnodes", "1"])
             .arg(format!("--nproc-per-node={}", config.nproc))
-            .args(["-m", "arena_rl_fsdp2", "--listen", &listen, "--run-dir"])
+            .args(["-m", "arena_rl_fsdp2", "--listen", &config.listen, "--run-dir"])
             .arg(run_dir)
+            .args(
+                address_file
+                    .iter()
+                    .flat_map(|f| [std::ffi::OsStr::new("--address-file"), f.as_os_str()]),
+            )
             .envs(config.env.iter().map(|(k, v)| (k, v)))
             .env(API_KEY_ENV, key.expose_secret())
             .stdin(Stdio::null())
@@ -184,14 +197,19 @@ impl Worker {
             command: shown,
             source,
         })?;
-        tracing::info!(pid = child.id(), listen = %listen, nproc = config.nproc, log = %log.display(), "fsdp2 worker started");
+        tracing::info!(pid = child.id(), listen = %config.listen, nproc = config.nproc, log = %log.display(), "fsdp2 worker started");
+        let mut group = Group {
+            child,
+            log,
+            exited: None,
+        };
+        let listen = match &address_file {
+            Some(file) => wait_for_address(file, config.ready_timeout, &mut group)?,
+            None => config.listen.clone(),
+        };
         let mut worker = Self {
             client: Client::new(listen, key),
-            group: Group {
-                child,
-                log,
-                exited: None,
-            },
+            group,
         };
         worker
             .client
@@ -262,14 +280,69 @@ impl Drop for Worker {
     }
 }
 
-/// `listen` with a free port when its port is 0.
-fn free_address(listen: &str) -> Result<String> {
-    let bad = || Error::Config(format!("the listen address {listen:?} is not HOST:PORT"));
-    let (host, port) = listen.rsplit_once(':').ok_or_else(bad)?;
-    if port != "0" {
-        return Ok(listen.to_string());
+/// Whether `listen` (HOST:PORT) leaves the port to the system (port 0).
+fn picks_port(listen: &str) -> Result<bool> {
+    let (_, port) = listen
+        .rsplit_once(':')
+        .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        .ok_or_else(|| Error::Config(format!("the listen address {listen:?} is not HOST:PORT")))?;
+    Ok(port == "0")
+}
+
+/// The address rank 0 wrote to `file` once bound, waiting for it while the group lives, up to `deadline`.
+fn wait_for_address(file: &Path, deadline: Duration, group: &mut dyn Watch) -> Result<String> {
+    let started = Instant::now();
+    loop {
+        group.alive("start", None)?;
+        match std::fs::read_to_string(file) {
+            Ok(address) if !address.trim().is_empty() => return Ok(address.trim().to_string()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(file)(e)),
+        }
+        if started.elapsed() >= deadline {
+            return Err(Error::Timeout(format!(
+                "the worker wrote no address to {} within {} s",
+                file.display(),
+                deadline.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    let probe = std::net::TcpListener::bind((host, 0)).map_err(Error::io(listen))?;
-    let port = probe.local_addr().map_err(Error::io(listen))?.port();
-    Ok(format!("{host}:{port}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_zero_is_left_to_the_worker_and_bad_addresses_are_refused() {
+        assert!(picks_port("127.0.0.1:0").unwrap());
+        assert!(picks_port("[::1]:0").unwrap());
+        assert!(!picks_port("0.0.0.0:8471").unwrap());
+        for bad in ["localhost", ":0", "127.0.0.1:port", "127.0.0.1:70000"] {
+            let e = picks_port(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    /// A group that never exits, for waiting on a file alone.
+    struct Alive;
+
+    impl Watch for Alive {
+        fn alive(&mut self, _call: &str, _step: Option<u64>) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_address_is_read_once_written_and_its_absence_times_out_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rank0.address");
+        let e = wait_for_address(&file, Duration::from_millis(200), &mut Alive).unwrap_err();
+        assert!(e.to_string().contains("rank0.address"), "{e}");
+        std::fs::write(&file, "127.0.0.1:41234\n").unwrap();
+        let got = wait_for_address(&file, Duration::from_secs(1), &mut Alive).unwrap();
+        assert_eq!(got, "127.0.0.1:41234");
+    }
 }

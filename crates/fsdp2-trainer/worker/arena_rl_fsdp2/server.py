@@ -412,6 +412,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m arena_rl_fsdp2", description="The FSDP2 trainer worker of arena-rl (arena-rl-trainer/1).")
     ap.add_argument("--listen", required=True, help="HOST:PORT rank 0 serves the protocol on")
     ap.add_argument("--run-dir", required=True, help="the run's folder; every path a call names must lie inside it")
+    ap.add_argument(
+        "--address-file",
+        help="where rank 0 writes the HOST:PORT it listens on once bound (under a temporary name, then renamed); "
+        "with port 0 in --listen the system picks a free port, so no other process can take it first",
+    )
     args = ap.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     device = init_distributed()
@@ -424,8 +429,14 @@ def main(argv=None):
     worker = Worker(engine, os.path.realpath(args.run_dir), cmd_group)
     server = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), make_handler(worker))
     server.daemon_threads = True
+    address = f"{host}:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    print(f"arena_rl_fsdp2: listening on {args.listen}, world size {engine.world}, device {device}", flush=True)
+    if args.address_file:
+        tmp = f"{args.address_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write(address)
+        os.replace(tmp, args.address_file)
+    print(f"arena_rl_fsdp2: listening on {address}, world size {engine.world}, device {device}", flush=True)
     try:
         worker.serve_commands()
     finally:
