@@ -62,6 +62,8 @@ pub(crate) fn prepare_all() -> Result<Vec<(String, String)>> {
         "ARENA_RL_PY_TRACKERS".into(),
         trackers.python().display().to_string(),
     ));
+    let sglang = python::sglang_venv(&cache, &torch)?;
+    env.push(("ARENA_RL_PY_SGLANG".into(), sglang.python().display().to_string()));
     let smol = smollm2::prepare(&cache, &torch)?;
     env.push(("ARENA_RL_SMOLLM2".into(), smol.display().to_string()));
     let node_bin = npm::prepare(&cache)?;

@@ -70,7 +70,8 @@ pub(crate) struct Knobs {
     /// worker over N data-parallel ranks, `torchrun` on the trainer nodes); `ACTOR_LAYOUT` overrides the
     /// profile's. The reference's `megatron:...` layouts are not run.
     pub(crate) actor: String,
-    /// The reference's rollout layout (`sglang:dDtTpP`, or `in-process`).
+    /// What serves the policy: `sglang:dDtTpP` (SGLang servers, the reference's layouts), `burn:dD`
+    /// (`serve-policy` replicas) or `in-process`; `ROLLOUT_LAYOUT` overrides the profile's.
     pub(crate) rollout: String,
     pub(crate) context: u64,
     pub(crate) max_tokens: u64,
@@ -128,10 +129,23 @@ pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Opt
             }
         },
     };
+    let rollout = match env.get("ROLLOUT_LAYOUT") {
+        None => Some(None),
+        Some(v) => match parse_rollout(v) {
+            Ok(_) => Some(Some(v.to_string())),
+            Err(why) => {
+                problems.push(format!("ROLLOUT_LAYOUT {why}, got '{v}'"));
+                None
+            }
+        },
+    };
     let mut knobs = profile_knobs(profile, env, problems)?;
     knobs.gpu_memory_gib = gib?;
     if let Some(layout) = layout? {
         knobs.actor = layout;
+    }
+    if let Some(rollout) = rollout? {
+        knobs.rollout = rollout;
     }
     Some(knobs)
 }
@@ -315,13 +329,16 @@ fn is_decimal(s: &str) -> bool {
 /// The first node runs `arena-rl train` (the loop and the rollout proxy; with burn, the trainer too). An
 /// `fsdp2:dN` actor adds the FSDP2 worker: `torchrun` over the first `trainer_nodes` nodes with
 /// `trainer_ranks_per_node` ranks each (one a GPU), whose rank 0 the loop attaches to.
-/// The rollout layout `sglang:dDtTpP` becomes D `arena-rl serve-policy` replicas with T x P GPUs each, packed
-/// onto whole nodes after the trainer's; the trainer reaches them through `rollout.policy_servers`.
+/// The rollout layout `sglang:dDtTpP` becomes D SGLang servers with T x P GPUs each (`burn:dD`: D
+/// `arena-rl serve-policy` replicas with one GPU each), packed onto whole nodes after the trainer's (all on one
+/// node without GPUs); the trainer reaches them through `rollout.policy_servers`.
 /// Without a rollout layout (`in-process`) the policy is served inside the trainer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Placement {
     /// GPUs each node of the GPU job asks for (`--gres=gpu:N`); 0 asks for none.
     pub(crate) gpus_per_node: u32,
+    /// What serves the policy for rollouts.
+    pub(crate) serving: Serving,
     /// What trains.
     pub(crate) actor: ActorLayout,
     /// Nodes that train: 1 for burn; for FSDP2 the nodes its ranks fill (the first runs the loop too).
@@ -330,9 +347,9 @@ pub(crate) struct Placement {
     pub(crate) trainer_ranks_per_node: u32,
     /// Nodes that run `arena-rl serve-policy` replicas.
     pub(crate) serve_nodes: u32,
-    /// `serve-policy` replicas on each of those nodes.
+    /// Policy-server replicas on each of those nodes.
     pub(crate) replicas_per_node: u32,
-    /// GPUs made visible to each replica (burn uses the first; tensor and pipeline parallelism are future work).
+    /// GPUs made visible to each replica, all of which it uses (0 on CPU nodes).
     pub(crate) gpus_per_replica: u32,
 }
 
@@ -352,27 +369,88 @@ impl Placement {
     }
 }
 
-/// Parses a rollout layout `sglang:dDtTpP` (letters in any order, each at most once, missing ones 1) into
-/// (replicas, GPUs per replica).
-pub(crate) fn parse_sglang(layout: &str) -> Option<(u32, u32)> {
-    let spec = layout.strip_prefix("sglang:")?;
+/// What serves the policy for rollouts: `in-process`, or replicas on nodes of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serving {
+    /// Inside `arena-rl train` (no policy servers).
+    InProcess,
+    /// `arena-rl serve-policy` replicas (`burn:dD`): burn serves on one device, so one GPU each.
+    Burn,
+    /// SGLang servers (`sglang:dDtTpP`), started by `SGLANG_LAUNCHER`, each over T x P GPUs of one node.
+    Sglang { tp: u32, pp: u32 },
+}
+
+/// A parsed rollout layout: what serves, and how many replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RolloutLayout {
+    pub(crate) serving: Serving,
+    pub(crate) replicas: u32,
+}
+
+impl RolloutLayout {
+    /// GPUs each replica is given (and uses).
+    pub(crate) fn gpus_per_replica(&self) -> u32 {
+        match self.serving {
+            Serving::InProcess => 0,
+            Serving::Burn => 1,
+            Serving::Sglang { tp, pp } => tp * pp,
+        }
+    }
+}
+
+/// Parses a rollout layout: `in-process`; `sglang:dDtTpP` (letters in any order, each at most once, missing
+/// ones 1); or `burn:dD` (`t1` and `p1` may follow: burn serves on one GPU, so a replica given more is
+/// refused rather than left with GPUs it does not use). `Err` says what is wrong, for a line that names the
+/// variable.
+pub(crate) fn parse_rollout(layout: &str) -> Result<RolloutLayout, String> {
+    const WANT: &str = "must be sglang:dDtTpP (D SGLang servers of T x P GPUs each), burn:dD (D serve-policy replicas of one GPU each) or in-process";
+    if layout == "in-process" {
+        return Ok(RolloutLayout {
+            serving: Serving::InProcess,
+            replicas: 0,
+        });
+    }
+    let (burn, spec) = match (layout.strip_prefix("sglang:"), layout.strip_prefix("burn:")) {
+        (Some(spec), _) => (false, spec),
+        (_, Some(spec)) => (true, spec),
+        _ => return Err(WANT.into()),
+    };
     let (mut d, mut t, mut p) = (None, None, None);
     let mut rest = spec;
     while let Some(letter) = rest.chars().next() {
-        let digits = rest[1..].bytes().take_while(u8::is_ascii_digit).count();
-        let n: u32 = rest[1..1 + digits].parse().ok().filter(|n| *n > 0)?;
+        let at = letter.len_utf8();
+        let digits = rest[at..].bytes().take_while(u8::is_ascii_digit).count();
+        let n: u32 = match rest[at..at + digits].parse() {
+            Ok(n) if (1..=4096).contains(&n) => n,
+            _ => return Err(WANT.into()),
+        };
         let slot = match letter {
             'd' => &mut d,
             't' => &mut t,
             'p' => &mut p,
-            _ => return None,
+            _ => return Err(WANT.into()),
         };
         if slot.replace(n).is_some() {
-            return None;
+            return Err(WANT.into());
         }
-        rest = &rest[1 + digits..];
+        rest = &rest[at + digits..];
     }
-    Some((d.unwrap_or(1), t.unwrap_or(1) * p.unwrap_or(1)))
+    let (tp, pp) = (t.unwrap_or(1), p.unwrap_or(1));
+    let Some(replicas) = d else {
+        return Err(WANT.into());
+    };
+    if burn && tp * pp != 1 {
+        return Err(format!(
+            "gives each serve-policy replica {} GPUs, but burn serves on one and would leave the others idle: use burn:d{replicas} (one GPU each), or sglang:d{replicas}t{tp}p{pp} to serve with SGLang",
+            tp * pp
+        ));
+    }
+    let serving = if burn {
+        Serving::Burn
+    } else {
+        Serving::Sglang { tp, pp }
+    };
+    Ok(RolloutLayout { serving, replicas })
 }
 
 /// Places the roles for `knobs` on nodes with `N_GPUS_PER_NODE` GPUs (default 8 for GPU profiles, 0 for `local`).
@@ -391,12 +469,15 @@ pub(crate) fn placement(
         "an integer from 0 to 64",
     )?;
     // The rollout layout first: its problems are the ones the reference's scripts report.
-    let (serve_nodes, replicas_per_node, gpus_per_replica) = if knobs.rollout == "in-process" {
+    let layout = parse_rollout(&knobs.rollout).expect("rollout layouts are checked when read");
+    let (serve_nodes, replicas_per_node, gpus_per_replica) = if layout.serving == Serving::InProcess {
         (0, 0, 0)
+    } else if gpus_per_node == 0 {
+        // Without GPUs (a CPU profile) every replica runs on one node, on its CPUs.
+        (1, layout.replicas, 0)
     } else {
-        let (replicas, per_replica) =
-            parse_sglang(&knobs.rollout).expect("profile rollout layouts are well formed");
-        if gpus_per_node == 0 || gpus_per_node % per_replica != 0 {
+        let (replicas, per_replica) = (layout.replicas, layout.gpus_per_replica());
+        if gpus_per_node % per_replica != 0 {
             problems.push(format!(
                 "N_GPUS_PER_NODE={gpus_per_node} does not fit the rollout layout {} ({replicas} replicas of {per_replica} GPUs each)",
                 knobs.rollout
@@ -429,6 +510,7 @@ pub(crate) fn placement(
     };
     Some(Placement {
         gpus_per_node,
+        serving: layout.serving,
         actor,
         trainer_nodes,
         trainer_ranks_per_node,

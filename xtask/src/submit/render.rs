@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use super::Mode;
-use super::profile::{ActorLayout, Placement, Profile};
+use super::profile::{ActorLayout, Placement, Profile, Serving};
 use super::validate::Launch;
 
 const CONTROLLER: &str = include_str!("templates/controller.sh");
@@ -55,8 +55,7 @@ pub(crate) fn render(l: &Launch) -> Scripts {
         ("trainer_nodes", l.placement.trainer_nodes.to_string()),
         ("trainer_ranks_per_node", worker_ranks(l).unwrap_or(0).to_string()),
         ("worker_ready_seconds", l.run.worker_ready_seconds.to_string()),
-        ("server_device", server_device(l).into()),
-        ("server_dtype", server_dtype(l).into()),
+        ("policy_server_exec", policy_server_exec(l)),
         ("train_args", train_args(l)),
         (
             "run_command",
@@ -103,6 +102,11 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
         o.extend(eval_device_overrides(&l.placement));
     } else {
         o.extend(device_overrides(&l.placement));
+        if l.placement.serve_nodes > 0 && l.placement.gpus_per_node > 0 {
+            o.push(format!(
+                "rollout.policy_server_ready_timeout_seconds={GPU_POLICY_READY_SECONDS}"
+            ));
+        }
     }
     if let Some(ranks) = worker_ranks(l) {
         // The loop attaches to the worker the job starts (`actor.fsdp2.attach`, set when the job runs).
@@ -168,22 +172,61 @@ fn eval_device_overrides(p: &Placement) -> Vec<String> {
     vec!["model.device=cuda:0".to_string(), "model.dtype=bf16".to_string()]
 }
 
-/// The device of each `serve-policy` replica: its first visible GPU, or the CPU when it has none.
-fn server_device(l: &Launch) -> &'static str {
-    if l.placement.gpus_per_replica > 0 {
-        "cuda"
-    } else {
-        "cpu"
-    }
-}
+/// How long the trainer waits for every policy server's `/health` on GPU nodes (the schema's 300 s is sized
+/// for the CPU): a 32B model in bf16 is 64 GB to read from a shared filesystem, at a few hundred MB/s per node
+/// when every replica reads at once (several minutes), then SGLang initialises NCCL over its tensor-parallel
+/// ranks, captures CUDA graphs for each decode batch size (one to a few minutes) and runs a warm-up request.
+/// 30 minutes covers that with room for a slow filesystem; a server that dies fails the job at once, so the
+/// wait only bounds a server that hangs. `rollout.policy_server_ready_timeout_seconds=N` overrides it.
+pub(crate) const GPU_POLICY_READY_SECONDS: u32 = 1800;
 
-/// The weight dtype of each `serve-policy` replica: bf16 on a GPU, f32 on the CPU (whose kernels are f32).
-fn server_dtype(l: &Launch) -> &'static str {
-    if l.placement.gpus_per_replica > 0 {
-        "bf16"
-    } else {
-        "f32"
-    }
+/// The command of the policy-server step, after its replica's port and GPUs are chosen: an SGLang server
+/// through `SGLANG_LAUNCHER`, or `arena-rl serve-policy` for `burn:` layouts. Neither is given the API key:
+/// both read `ARENA_RL_POLICY_API_KEY` from the environment.
+fn policy_server_exec(l: &Launch) -> String {
+    let p = &l.placement;
+    let indent = "            ";
+    let lines: Vec<String> = match p.serving {
+        Serving::Sglang { tp, pp } => {
+            let (device, dtype) = if p.gpus_per_replica > 0 {
+                ("cuda", "bfloat16")
+            } else {
+                ("cpu", "float32")
+            };
+            let launcher: Vec<String> = l.sglang_launcher.iter().map(|w| quote(w)).collect();
+            vec![
+                "# SGLang returns tempered log-probabilities, which the proxy records, unless this is set."
+                    .into(),
+                "unset SGLANG_RETURN_ORIGINAL_LOGPROB".into(),
+                format!(
+                    "exec {} --model-path \"$MODEL_PATH\" --host 0.0.0.0 \\",
+                    launcher.join(" ")
+                ),
+                format!(
+                    "    --port \"$((ARENA_POLICY_PORT + local_id))\" --tp-size {tp} --pp-size {pp} --context-length {} \\",
+                    l.knobs.context
+                ),
+                format!("    --device {device} --dtype {dtype}"),
+            ]
+        }
+        Serving::Burn | Serving::InProcess => {
+            let (device, dtype) = if p.gpus_per_replica > 0 {
+                ("cuda", "bf16")
+            } else {
+                ("cpu", "f32")
+            };
+            vec![
+                "exec \"$ARENA_RL_BIN\" serve-policy --model \"$MODEL_PATH\" --host 0.0.0.0 \\".into(),
+                format!("    --port \"$((ARENA_POLICY_PORT + local_id))\" --device {device} \\"),
+                format!("    --dtype {dtype} --weights-root \"$AREAL_FILEROOT\""),
+            ]
+        }
+    };
+    lines
+        .iter()
+        .map(|line| format!("{indent}{line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn common(l: &Launch) -> Vec<(&'static str, String)> {
@@ -332,17 +375,28 @@ fn placement(l: &Launch) -> String {
              # the policy served in-process ({devices}).{worker}"
         );
     }
-    format!(
-        "# Placement: the first node runs `arena-rl train` ({trainer}); the\n\
-         # {} {} each run {} of {} (burn uses the first; docs/slurm.md); {devices}.{worker}",
-        if p.trainer_nodes == 1 { "other" } else { "last" },
-        plural(p.serve_nodes, "node", "nodes"),
-        plural(
+    let servers = match p.serving {
+        Serving::Sglang { tp, pp } => plural(
+            p.replicas_per_node,
+            &format!("SGLang server (tp {tp}, pp {pp})"),
+            &format!("SGLang servers (tp {tp}, pp {pp})"),
+        ),
+        Serving::Burn | Serving::InProcess => plural(
             p.replicas_per_node,
             "`arena-rl serve-policy` replica",
-            "`arena-rl serve-policy` replicas"
+            "`arena-rl serve-policy` replicas",
         ),
-        plural(p.gpus_per_replica, "GPU", "GPUs"),
+    };
+    let each = if p.gpus_per_replica == 0 {
+        "on the CPU".to_string()
+    } else {
+        format!("of {} each", plural(p.gpus_per_replica, "GPU", "GPUs"))
+    };
+    format!(
+        "# Placement: the first node runs `arena-rl train` ({trainer}); the\n\
+         # {} {} each run {servers} {each} (docs/slurm.md); {devices}.{worker}",
+        if p.trainer_nodes == 1 { "other" } else { "last" },
+        plural(p.serve_nodes, "node", "nodes"),
     )
 }
 

@@ -564,11 +564,25 @@ fn print_profile_prints_eleven_lines_with_the_flash_v3_rules() {
 
 #[test]
 fn sglang_layouts_place_replicas_on_whole_nodes() {
-    assert_eq!(profile::parse_sglang("sglang:d4t4p1"), Some((4, 4)));
-    assert_eq!(profile::parse_sglang("sglang:d4p1t2"), Some((4, 2)));
-    assert_eq!(profile::parse_sglang("sglang:d2"), Some((2, 1)));
-    for bad in ["d4t4p1", "sglang:d4d2", "sglang:x1", "sglang:d0", "sglang:d"] {
-        assert_eq!(profile::parse_sglang(bad), None, "{bad}");
+    use profile::Serving::{Burn, Sglang};
+    let parsed =
+        |layout: &str| profile::parse_rollout(layout).map(|l| (l.serving, l.replicas, l.gpus_per_replica()));
+    assert_eq!(parsed("sglang:d4t4p1"), Ok((Sglang { tp: 4, pp: 1 }, 4, 4)));
+    assert_eq!(parsed("sglang:d4p1t2"), Ok((Sglang { tp: 2, pp: 1 }, 4, 2)));
+    assert_eq!(parsed("sglang:d2t2p2"), Ok((Sglang { tp: 2, pp: 2 }, 2, 4)));
+    assert_eq!(parsed("burn:d8"), Ok((Burn, 8, 1)));
+    assert_eq!(parsed("burn:d2t1p1"), Ok((Burn, 2, 1)));
+    for bad in [
+        "d4t4p1",
+        "sglang:d4d2",
+        "sglang:x1",
+        "sglang:d0",
+        "sglang:d",
+        "sglang:t2",
+        "burn:d",
+        "vllm:d2",
+    ] {
+        assert!(profile::parse_rollout(bad).is_err(), "{bad}");
     }
     let site = Site::new();
     let mut seen = Vec::new();
@@ -1320,5 +1334,275 @@ fn eval_refuses_a_checkpoint_that_is_not_there_in_one_line() {
             "--manifest /shared-missing/m.json does not exist or is not a file",
             "--streams holds 'sim chat', which is not a Stream name (letters, digits, '.', '_', '-')",
         ]
+    );
+}
+
+/// The Python of the `sglang` venv (`cargo xtask fixtures`), whose parser the SGLang tests use.
+fn sglang_python() -> String {
+    std::env::var("ARENA_RL_PY_SGLANG").unwrap_or_else(|_| {
+        panic!("ARENA_RL_PY_SGLANG is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first")
+    })
+}
+
+/// This checkout's `xtask/sglang` folder: the launcher and the argument checker.
+fn sglang_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("sglang")
+}
+
+fn sha256_hex(text: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("sha256sum ends");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a digest")
+        .to_string()
+}
+
+/// `sglang:dDtTpP` starts SGLang servers: the rendered train.sbatch's policy-server step, run as Slurm runs
+/// replica 1 of grpo's `sglang:d4p1t2` on an 8-GPU node, execs the default launcher (`xtask/sglang/launch.py`),
+/// which hands SGLang's own `prepare_server_args` (sglang 0.5.23) the arguments, the key added in process:
+/// SGLang reads the model, address, port, tensor and pipeline sizes, context length, device, dtype and the
+/// job's key, and the replica sees its own two GPUs. The key is on no process's command line, not in the
+/// server's environment, and not in its output (SGLang's repr of its arguments is redacted); a misspelled
+/// flag is refused by SGLang's parser, and the launcher refuses `--api-key` on its command line or no key.
+#[test]
+fn sglang_layouts_start_sglang_servers_whose_arguments_sglangs_parser_accepts() {
+    let python = sglang_python();
+    let site = Site::new();
+    write(
+        &site.root.join("secrets/arena.env"),
+        "export ARENA_OPENAPI_BASE=http://arena.invalid/openapi/v1\nexport ARENA_OPENAPI_TOKEN=t\nexport ARENA_LLM_API_KEY=l\nexport SWE_RL_ADMIN_API_KEY=a\n",
+    );
+    let launcher = format!("{python} {}", sglang_dir().join("launch.py").display());
+    let l = site
+        .launch(
+            Profile::Grpo,
+            Mode::Submit,
+            &[("SGLANG_LAUNCHER", Some(&launcher))],
+            &[],
+        )
+        .expect("valid");
+    let train = render::render(&l).train;
+    let script = site.root.join("train.sbatch");
+    std::fs::write(&script, &train).expect("write");
+    let key = "5f1e0c9a7b3d4e2f8a6c1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f";
+    assert!(!train.contains(key));
+    let record = site.root.join("server-args.json");
+    let run = |args: &[&str], key: Option<&str>| {
+        let mut cmd = Command::new("bash");
+        cmd.arg(&script)
+            .args(args)
+            .env("SLURM_LOCALID", "1")
+            .env("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+            .env("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
+            .env("ARENA_RL_SGLANG_ENTRY", "check_args")
+            .env("PYTHONPATH", sglang_dir())
+            .env("ARENA_RL_SGLANG_RECORD", &record)
+            .env_remove("ARENA_RL_POLICY_API_KEY");
+        if let Some(key) = key {
+            cmd.env("ARENA_RL_POLICY_API_KEY", key);
+        }
+        cmd.output().expect("bash runs")
+    };
+    let out = run(&["--step", "policy-server"], Some(key));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains(key), "the key is in the server's output:\n{text}");
+    assert!(text.contains("api_key='[redacted]'"), "{text}");
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&record).expect("the record")).expect("json");
+    let model = site.path("models/policy");
+    let want = serde_json::json!({
+        "model_path": model,
+        "host": "0.0.0.0",
+        "port": 30001,
+        "tp_size": 2,
+        "pp_size": 1,
+        "dp_size": 1,
+        "context_length": 32768,
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "api_key_set": true,
+        "api_key_sha256": sha256_hex(key),
+        "cmdlines_holding_the_key": [],
+        "cuda_visible_devices": "2,3",
+        "key_in_environment": false,
+        "sglang_return_original_logprob": null,
+    });
+    for (field, value) in want.as_object().expect("an object") {
+        assert_eq!(&got[field], value, "{field}: {got}");
+    }
+    // The launcher's own command line is what train.sbatch rendered, with no key.
+    let cmdline: Vec<String> = serde_json::from_value(got["cmdline"].clone()).expect("a list");
+    assert_eq!(cmdline[0], python);
+    assert!(cmdline[1].ends_with("xtask/sglang/launch.py"), "{cmdline:?}");
+    assert!(!cmdline.iter().any(|a| a.contains(key)), "{cmdline:?}");
+
+    // SGLang's parser refuses a misspelled flag: the arguments above are checked, not waved through.
+    let argv: Vec<String> = cmdline[2..]
+        .iter()
+        .map(|a| {
+            if a == "--tp-size" {
+                "--tp-sise".into()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    let out = Command::new(&python)
+        .arg(sglang_dir().join("check_args.py"))
+        .args(&argv)
+        .output()
+        .expect("python runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: unrecognized arguments: --tp-sise 2"),
+        "{err}"
+    );
+
+    // No key, or a key on the command line, is refused before SGLang starts.
+    let out = run(&["--step", "policy-server"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "train: ARENA_RL_POLICY_API_KEY is not set; a policy server on every interface needs one\n"
+    );
+    let out = Command::new(&python)
+        .arg(sglang_dir().join("launch.py"))
+        .args(["--model-path", "/m", "--api-key", "on-the-command-line"])
+        .env("ARENA_RL_POLICY_API_KEY", key)
+        .output()
+        .expect("python runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "sglang launcher: --api-key must not be on the command line; the launcher reads the key from ARENA_RL_POLICY_API_KEY\n"
+    );
+}
+
+/// What each rollout layout runs on the policy nodes: SGLang servers over T x P GPUs each (`--tp-size`,
+/// `--pp-size`) for `sglang:`, `arena-rl serve-policy` on one GPU each for `burn:dD` (a burn layout that would
+/// give a replica GPUs it leaves idle is refused in one line), all replicas on one node's CPUs without GPUs;
+/// GPU profiles wait 30 minutes for the servers, CPU ones the schema's 300 s.
+#[test]
+fn rollout_layouts_run_sglang_or_serve_policy_on_every_gpu_they_are_given() {
+    check(
+        Profile::Grpo,
+        &[("ROLLOUT_LAYOUT", Some("burn:d4t2"))],
+        &[],
+        &[
+            "ROLLOUT_LAYOUT gives each serve-policy replica 2 GPUs, but burn serves on one and would leave the others idle: use burn:d4 (one GPU each), or sglang:d4t2p1 to serve with SGLang, got 'burn:d4t2'",
+        ],
+    );
+    check(
+        Profile::Grpo,
+        &[("ROLLOUT_LAYOUT", Some("vllm:d4"))],
+        &[],
+        &[
+            "ROLLOUT_LAYOUT must be sglang:dDtTpP (D SGLang servers of T x P GPUs each), burn:dD (D serve-policy replicas of one GPU each) or in-process, got 'vllm:d4'",
+        ],
+    );
+    check(
+        Profile::Grpo,
+        &[("SGLANG_LAUNCHER", Some("python3 'launch.py'"))],
+        &[],
+        &[
+            "SGLANG_LAUNCHER must be a command and its arguments separated by spaces, without quotes or shell characters, got 'python3 'launch.py''",
+        ],
+    );
+    let site = Site::new();
+    let placed = |profile, changes: &[Change<'_>]| {
+        let l = site.launch(profile, Mode::Submit, changes, &[]).expect("valid");
+        let p = l.placement;
+        let train = render::render(&l).train;
+        let overrides = render::profile_overrides(&l);
+        (
+            (
+                p.serve_nodes,
+                p.replicas_per_node,
+                p.gpus_per_replica,
+                p.job_nodes(),
+            ),
+            train,
+            overrides,
+        )
+    };
+    let ready = format!(
+        "rollout.policy_server_ready_timeout_seconds={}",
+        render::GPU_POLICY_READY_SECONDS
+    );
+
+    let (shape, train, overrides) = placed(Profile::Grpo, &[]);
+    assert_eq!(shape, (1, 4, 2, 2));
+    let launcher = format!(
+        "exec python3 {}/arena-rl/xtask/sglang/launch.py --model-path",
+        site.root.display()
+    );
+    assert!(train.contains(&launcher), "{train}");
+    assert!(
+        train.contains("--tp-size 2 --pp-size 1 --context-length 32768 \\\n                --device cuda --dtype bfloat16\n"),
+        "{train}"
+    );
+    assert!(!train.contains("serve-policy --model"), "{train}");
+    assert!(overrides.contains(&ready), "{overrides:?}");
+
+    let (shape, train, overrides) = placed(Profile::Grpo, &[("ROLLOUT_LAYOUT", Some("burn:d8"))]);
+    assert_eq!(shape, (1, 8, 1, 2));
+    assert!(
+        train.contains("exec \"$ARENA_RL_BIN\" serve-policy --model \"$MODEL_PATH\" --host 0.0.0.0"),
+        "{train}"
+    );
+    assert!(
+        train.contains("--device cuda \\\n                --dtype bf16"),
+        "{train}"
+    );
+    assert!(!train.contains("--tp-size"), "{train}");
+    assert!(overrides.contains(&ready), "{overrides:?}");
+
+    let (shape, _, _) = placed(
+        Profile::FlashV3,
+        &[("N_NODES", Some("2")), ("ROLLOUT_LAYOUT", Some("sglang:d2t4p2"))],
+    );
+    assert_eq!(shape, (2, 1, 8, 3));
+
+    // Without GPUs every replica shares one node's CPUs, and the launcher is the site's.
+    let (shape, train, overrides) = placed(
+        Profile::Local,
+        &[
+            ("ROLLOUT_LAYOUT", Some("sglang:d2")),
+            (
+                "SGLANG_LAUNCHER",
+                Some("/opt/py/bin/python /opt/as_serve_policy.py"),
+            ),
+        ],
+    );
+    assert_eq!(shape, (1, 2, 0, 2));
+    assert!(
+        train.contains("exec /opt/py/bin/python /opt/as_serve_policy.py --model-path \"$MODEL_PATH\""),
+        "{train}"
+    );
+    assert!(train.contains("--device cpu --dtype float32\n"), "{train}");
+    assert!(
+        !overrides
+            .iter()
+            .any(|o| o.starts_with("rollout.policy_server_ready")),
+        "{overrides:?}"
     );
 }

@@ -68,6 +68,10 @@ pub(crate) struct Launch {
     pub(crate) stream_id: Option<String>,
     pub(crate) openapi_base: Option<String>,
     pub(crate) policy_port: u16,
+    /// The command that starts one SGLang server (`SGLANG_LAUNCHER`, split at whitespace), given SGLang's
+    /// arguments and the key in `ARENA_RL_POLICY_API_KEY`; by default the checkout's launcher,
+    /// `python3 $AREAL_DIR/xtask/sglang/launch.py`, which runs `python -m sglang.launch_server`.
+    pub(crate) sglang_launcher: Vec<String>,
     /// The port the FSDP2 worker's rank 0 serves the protocol on (`ARENA_RL_TRAINER_PORT`).
     pub(crate) trainer_port: u16,
     /// The port of `torchrun`'s c10d rendezvous on the first trainer node (`ARENA_RL_RDZV_PORT`).
@@ -130,6 +134,7 @@ impl Launch {
             let p = &mut self.placement;
             p.trainer_nodes = 1;
             p.trainer_ranks_per_node = 0;
+            p.serving = profile::Serving::InProcess;
             p.serve_nodes = 0;
             p.replicas_per_node = 0;
             p.gpus_per_replica = 0;
@@ -376,6 +381,26 @@ pub(crate) fn validate(
         ));
     }
 
+    let sglang_launcher = match env.get("SGLANG_LAUNCHER") {
+        Some(v) => {
+            let words: Vec<String> = v.split_ascii_whitespace().map(String::from).collect();
+            if words.is_empty() || !words.iter().all(|w| word(w)) {
+                p.push(format!(
+                    "SGLANG_LAUNCHER must be a command and its arguments separated by spaces, without quotes or shell characters, got '{v}'"
+                ));
+                None
+            } else {
+                Some(words)
+            }
+        }
+        None => areal_dir.as_ref().map(|d| {
+            vec![
+                "python3".to_string(),
+                d.join("xtask/sglang/launch.py").display().to_string(),
+            ]
+        }),
+    };
+
     let trainer_port = int_var(
         &mut p,
         env,
@@ -468,6 +493,7 @@ pub(crate) fn validate(
         stream_id,
         openapi_base,
         policy_port: policy_port.expect("checked above"),
+        sglang_launcher: sglang_launcher.expect("checked above"),
         trainer_port: trainer_port.expect("checked above"),
         rdzv_port: rdzv_port.expect("checked above"),
         run,

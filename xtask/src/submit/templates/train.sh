@@ -109,9 +109,7 @@ if [[ "${1:-}" == --step ]]; then
                 CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${mine[*]}")"
                 export CUDA_VISIBLE_DEVICES
             fi
-            exec "$ARENA_RL_BIN" serve-policy --model "$MODEL_PATH" --host 0.0.0.0 \
-                --port "$((ARENA_POLICY_PORT + local_id))" --device {{server_device}} \
-                --dtype {{server_dtype}} --weights-root "$AREAL_FILEROOT"
+{{policy_server_exec}}
             ;;
         *)
             echo "train: unknown step '${2:-}'" >&2
