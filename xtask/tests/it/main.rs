@@ -4,4 +4,5 @@
 mod cli;
 mod cluster;
 mod netns;
+mod sglang;
 mod slurm;
