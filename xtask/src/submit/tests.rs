@@ -1599,6 +1599,11 @@ fn rollout_layouts_run_sglang_or_serve_policy_on_every_gpu_they_are_given() {
         "{train}"
     );
     assert!(train.contains("--device cpu --dtype float32\n"), "{train}");
+
+    // `--print-profile` prints the layout that runs and the nodes it takes.
+    let env: Env = [("ROLLOUT_LAYOUT", "burn:d16")].into_iter().collect();
+    let knobs = validate::profile_knobs(Profile::Grpo, &env).expect("valid");
+    assert_eq!((knobs.rollout.as_str(), knobs.nodes), ("burn:d16", 3));
     assert!(
         !overrides
             .iter()
