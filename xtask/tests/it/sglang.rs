@@ -48,7 +48,8 @@ fn get(addr: &str, path: &str, key: Option<&str>) -> (u16, String) {
 /// SGLang's arguments for a CPU server become `arena-rl serve-policy` on the same address and model with the
 /// same context length: it answers `/health` without a key, refuses `/get_server_info` without one and reports
 /// the context length with it; what it received is recorded with SGLang's reading of it; the running server's
-/// command line holds no key. Sizes serve-policy does not have are refused with exit 2 before it starts.
+/// command line holds no key. Sizes serve-policy does not have are refused with exit 2 before it starts, and
+/// a context length beyond the model's window once it has read the model (the quickstart policy's is 256).
 #[test]
 fn as_serve_policy_checks_sglangs_arguments_then_serves_with_serve_policy() {
     let python = sglang_python();
@@ -93,6 +94,28 @@ fn as_serve_policy_checks_sglangs_arguments_then_serves_with_serve_policy() {
         String::from_utf8_lossy(&refused.stderr).contains("unrecognized arguments: --context-lenght 256"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
+    );
+
+    // A context the model does not have is refused, as SGLang refuses it, once serve-policy has read the model.
+    let refused = launch(&[
+        "--model-path",
+        &model,
+        "--port",
+        "0",
+        "--context-length",
+        "4096",
+        "--device",
+        "cpu",
+    ])
+    .output()
+    .expect("python runs");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains(&format!(
+            "--context-length 4096 is greater than the context window of the model in {model} (256 tokens"
+        )),
+        "{err}"
     );
 
     let args = [

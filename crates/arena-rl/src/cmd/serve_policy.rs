@@ -48,7 +48,8 @@ pub(crate) struct Args {
     #[arg(long)]
     incremental_streaming_output: bool,
     /// The context length to serve and report in `/get_server_info` (SGLang's `--context-length`); by
-    /// default the model's `max_position_embeddings` is in force and `/get_server_info` reports null.
+    /// default the model's `max_position_embeddings` is in force and `/get_server_info` reports null. More
+    /// than the model's window is refused once the model is loaded, as SGLang refuses it.
     #[arg(long)]
     context_length: Option<usize>,
 }
@@ -104,6 +105,18 @@ pub(crate) fn run(args: Args) -> Result<()> {
         })
         .await
         .context("loading the policy")??;
+        // As SGLang refuses to start (`python/sglang/srt/configs/model_config.py`, `_derive_context_length`):
+        // a window the model does not have would let the proxy send prompts past its positions.
+        if let Some(asked) = args.context_length
+            && asked > engine.max_context_len()
+        {
+            anyhow::bail!(
+                "--context-length {asked} is greater than the context window of the model in {} ({} tokens, \
+                 max_position_embeddings in its config.json)",
+                args.model.display(),
+                engine.max_context_len()
+            );
+        }
         let engine: Arc<dyn InferenceEngine> = Arc::new(engine);
         server.install(engine);
         say("policy server ready: the model is loaded");
