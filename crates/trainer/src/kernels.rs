@@ -198,8 +198,9 @@ pub(crate) trait Kernels: Backend {
         chunked::logp_forward(h, w, targets, inv_temperatures, autocast, chunk).0
     }
 
-    /// One decoder layer; with `recompute` (and autodiff) its activations are recomputed in the backward
-    /// pass instead of kept. Only the CPU backend overrides it.
+    /// One decoder layer over a packed training row whose sequences are `runs`; with `recompute` (and
+    /// autodiff) its activations are recomputed in the backward pass instead of kept. Only the CPU's
+    /// autodiff backend overrides it.
     fn decoder_layer(
         x: Tensor<Self, 2>,
         l: &DecoderLayer<Self>,
@@ -207,7 +208,7 @@ pub(crate) trait Kernels: Backend {
         runs: &[SegmentRun],
         pass: Pass,
     ) -> Tensor<Self, 2> {
-        crate::train::forward::layer(x, l, rows, runs, pass)
+        l.forward_packed(x, rows, runs, pass)
     }
 
     /// `model` with its weights laid out for generation; the generic layout is the training one.

@@ -3,8 +3,11 @@
 //! Module and field names follow Hugging Face exactly (`model.layers.3.self_attn.q_proj.weight`), and every
 //! weight keeps Hugging Face's shape (`[out, in]` for projections), so burn's own parameter paths are the
 //! safetensors names and loading or saving is a rename-free copy.
-//! The generation forward pass lives here; every backend-specific operation in it comes from
-//! [`Kernels`], like the training pass's (`train/forward.rs`).
+//! The decoder layer is composed here once ([`DecoderLayer::forward`]) for generation and training alike:
+//! its attention takes either a packed training row's sequences or key/value cache columns ([`Keys`]), and
+//! every backend-specific operation in it comes from [`Kernels`]. `train/forward.rs` runs it over packed
+//! rows (through [`Kernels::decoder_layer`], which the CPU's autodiff backend overrides with its
+//! layer-recompute node), [`CausalLm::forward_hidden`] over padded batches and the cache.
 
 #![expect(
     private_bounds,
@@ -18,8 +21,9 @@ use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
 use crate::backend::InferenceDtype;
 use crate::config::ModelConfig;
-use crate::kernels::{Kernels, RopeRows, host_tensor};
+use crate::kernels::{Kernels, Pass, RopeRows, host_tensor};
 use crate::rope::RopeTable;
+use crate::train::pack::SegmentRun;
 
 #[cfg(test)]
 mod tests;
@@ -37,18 +41,13 @@ pub struct HfLinear<B: Backend> {
 }
 
 impl<B: Kernels> HfLinear<B> {
-    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let mut dims = x.dims();
-        let rows: usize = dims[..D - 1].iter().product();
-        let w = self.weight.val();
-        let out_features = w.dims()[0];
-        let y = B::project(x.reshape([rows, dims[D - 1]]), w, false);
-        let y = match &self.bias {
+    /// `x W^T + b` for `x` `[rows, in]`, the product in bf16 when `autocast` is on (see [`Kernels::project`]).
+    fn forward(&self, x: Tensor<B, 2>, autocast: bool) -> Tensor<B, 2> {
+        let y = B::project(x, self.weight.val(), autocast);
+        match &self.bias {
             Some(b) => y + b.val().unsqueeze_dim(0),
             None => y,
-        };
-        dims[D - 1] = out_features;
-        y.reshape(dims)
+        }
     }
 }
 
@@ -62,10 +61,16 @@ pub struct RmsNorm<B: Backend> {
 }
 
 impl<B: Kernels> RmsNorm<B> {
-    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let dims = x.dims();
-        let rows: usize = dims[..D - 1].iter().product();
-        B::rms_norm(x.reshape([rows, dims[D - 1]]), self.weight.val(), self.eps).reshape(dims)
+    /// The norm of each row of `x` `[rows, dim]`.
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        B::rms_norm(x, self.weight.val(), self.eps)
+    }
+
+    /// The norm of each head of `x` `[rows, heads, dim]` (Qwen3's per-head norm).
+    fn per_head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [rows, heads, d] = x.dims();
+        self.forward(x.reshape([rows * heads, d]))
+            .reshape([rows, heads, d])
     }
 }
 
@@ -224,83 +229,145 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
+/// What the queries of one decoder layer's pass attend to.
+pub(crate) enum Keys<'a, B: Backend> {
+    /// A packed training row: sequences end to end (`runs`), each token attending causally within its own
+    /// sequence, queries in blocks of `block` rows.
+    Packed { runs: &'a [SegmentRun], block: usize },
+    /// Generation: `batch` rows of equal length attending to cache columns as `bias` allows
+    /// ([`AttnInput::bias`]); with `kv` = (the layer's cache, `col`), this pass's keys and values are first
+    /// written at columns `col..`, and without it the pass's own keys are all the keys.
+    Cached {
+        batch: usize,
+        bias: &'a Tensor<B, 5>,
+        kv: Option<(&'a mut LayerKv<B>, usize)>,
+    },
+}
+
 impl<B: Kernels> Attention<B> {
+    /// Self-attention over `x` `[rows, hidden]` (a packed row, or `batch * len` rows in batch order).
     fn forward(
         &self,
-        x: Tensor<B, 3>,
-        input: &AttnInput<B>,
-        cache: Option<(&mut LayerKv<B>, usize)>,
-    ) -> Tensor<B, 3> {
-        let [batch, len, _] = x.dims();
+        x: Tensor<B, 2>,
+        rope: &RopeRows<B>,
+        keys: Keys<'_, B>,
+        autocast: bool,
+    ) -> Tensor<B, 2> {
+        let rows = x.dims()[0];
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone()).reshape([batch, len, nh, d]);
-        let k = self.k_proj.forward(x.clone()).reshape([batch, len, nkv, d]);
-        let v = self.v_proj.forward(x).reshape([batch, len, nkv, d]);
+        let q = self.q_proj.forward(x.clone(), autocast).reshape([rows, nh, d]);
+        let k = self.k_proj.forward(x.clone(), autocast).reshape([rows, nkv, d]);
+        let v = self.v_proj.forward(x, autocast).reshape([rows, nkv, d]);
         let (q, k) = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
+            (Some(qn), Some(kn)) => (qn.per_head(q), kn.per_head(k)),
             _ => (q, k),
         };
-        // RoPE on `[batch * len, heads, d]`; moving the heads forward is then a stride change that the
-        // attention kernels read as is.
-        let rotate = |t: Tensor<B, 4>, heads: usize| {
-            B::rope(t.reshape([batch * len, heads, d]), &input.rope)
-                .reshape([batch, len, heads, d])
-                .swap_dims(1, 2)
-        };
-        let (q, k) = (rotate(q, nh), rotate(k, nkv));
-        let v = v.swap_dims(1, 2);
-        let (k, v) = match cache {
-            Some((kv, col)) => {
-                let cap = kv.k.dims()[2];
-                debug_assert!(col + len <= cap, "cache too small");
-                let ranges = [0..batch, 0..nkv, col..col + len, 0..d];
-                // Move the cache tensors out so they are uniquely owned and the write happens in place.
-                let placeholder = || Tensor::empty([0, 0, 0, 0], &k.device());
-                let old_k = std::mem::replace(&mut kv.k, placeholder());
-                let old_v = std::mem::replace(&mut kv.v, placeholder());
-                kv.k = old_k.slice_assign(ranges.clone(), k);
-                kv.v = old_v.slice_assign(ranges, v);
-                (kv.k.clone(), kv.v.clone())
+        let (q, k) = (B::rope(q, rope), B::rope(k, rope));
+        let scale = 1.0 / (d as f64).sqrt();
+        let out = match keys {
+            Keys::Packed { runs, block } => B::packed_attention(q, k, v, runs, scale, autocast, block),
+            Keys::Cached { batch, bias, kv } => {
+                let len = rows / batch;
+                // `[batch, heads, len, d]`: moving the heads forward is a stride change that the attention
+                // kernels read as is.
+                let heads = |t: Tensor<B, 3>, h: usize| t.reshape([batch, len, h, d]).swap_dims(1, 2);
+                let (q, k, v) = (heads(q, nh), heads(k, nkv), heads(v, nkv));
+                let (k, v) = match kv {
+                    Some((kv, col)) => {
+                        let cap = kv.k.dims()[2];
+                        debug_assert!(col + len <= cap, "cache too small");
+                        let ranges = [0..batch, 0..nkv, col..col + len, 0..d];
+                        // Move the cache tensors out so they are uniquely owned and the write happens in place.
+                        let placeholder = || Tensor::empty([0, 0, 0, 0], &k.device());
+                        let old_k = std::mem::replace(&mut kv.k, placeholder());
+                        let old_v = std::mem::replace(&mut kv.v, placeholder());
+                        kv.k = old_k.slice_assign(ranges.clone(), k);
+                        kv.v = old_v.slice_assign(ranges, v);
+                        (kv.k.clone(), kv.v.clone())
+                    }
+                    None => (k, v),
+                };
+                // The kernels read the cache's first `keys` columns (the bias's width) in place.
+                B::cached_attention(q, k, v, bias, scale)
+                    .swap_dims(1, 2)
+                    .reshape([rows, nh * d])
             }
-            None => (k, v),
         };
-        // The kernels read the cache's first `keys` columns (the bias's width) in place.
-        let out = B::cached_attention(q, k, v, &input.bias, 1.0 / (d as f64).sqrt());
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([batch, len, nh * d]))
+        self.o_proj.forward(out, autocast)
     }
 }
 
 impl<B: Kernels> Mlp<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, len, _] = x.dims();
-        let gate = self.gate_proj.forward(x.clone());
-        let up = self.up_proj.forward(x);
-        let inter = gate.dims()[2];
-        let h = B::swiglu(
-            gate.reshape([batch * len, inter]),
-            up.reshape([batch * len, inter]),
-        );
-        self.down_proj.forward(h.reshape([batch, len, inter]))
+    fn forward(&self, x: Tensor<B, 2>, autocast: bool) -> Tensor<B, 2> {
+        let gate = self.gate_proj.forward(x.clone(), autocast);
+        let up = self.up_proj.forward(x, autocast);
+        self.down_proj.forward(B::swiglu(gate, up), autocast)
     }
 }
 
 impl<B: Kernels> DecoderLayer<B> {
-    fn forward(
+    /// The layer over `x` `[rows, hidden]`, whose rows have the rotary tables `rope` and attend to `keys`.
+    pub(crate) fn forward(
         &self,
-        x: Tensor<B, 3>,
-        input: &AttnInput<B>,
-        cache: Option<(&mut LayerKv<B>, usize)>,
-    ) -> Tensor<B, 3> {
+        x: Tensor<B, 2>,
+        rope: &RopeRows<B>,
+        keys: Keys<'_, B>,
+        autocast: bool,
+    ) -> Tensor<B, 2> {
         let h = x.clone()
             + self
                 .self_attn
-                .forward(self.input_layernorm.forward(x), input, cache);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+                .forward(self.input_layernorm.forward(x), rope, keys, autocast);
+        h.clone()
+            + self
+                .mlp
+                .forward(self.post_attention_layernorm.forward(h), autocast)
+    }
+
+    /// The layer over a packed training row whose sequences are `runs`, computing as `pass` says.
+    pub(crate) fn forward_packed(
+        &self,
+        x: Tensor<B, 2>,
+        rope: &RopeRows<B>,
+        runs: &[SegmentRun],
+        pass: Pass,
+    ) -> Tensor<B, 2> {
+        let keys = Keys::Packed {
+            runs,
+            block: pass.attention_block,
+        };
+        self.forward(x, rope, keys, pass.autocast)
     }
 }
 
 impl<B: Kernels> CausalLm<B> {
+    /// The embeddings of `tokens` `[rows]`, `[rows, hidden]` in f32.
+    fn embed(&self, tokens: Tensor<B, 1, Int>) -> Tensor<B, 2> {
+        let x = self.model.embed_tokens.weight.val().select(0, tokens);
+        if x.dtype() == DType::BF16 {
+            x.cast(FloatDType::F32)
+        } else {
+            x
+        }
+    }
+
+    /// Final hidden states `[rows, hidden]` of one packed training row, `tokens` `[rows]`: its sequences are
+    /// `runs`, `rope` holds each row's rotary tables, and each layer runs through
+    /// [`Kernels::decoder_layer`] (which may recompute it in the backward pass).
+    pub(crate) fn packed_hidden(
+        &self,
+        tokens: Tensor<B, 1, Int>,
+        rope: &RopeRows<B>,
+        runs: &[SegmentRun],
+        pass: Pass,
+    ) -> Tensor<B, 2> {
+        let mut x = self.embed(tokens);
+        for layer in &self.model.layers {
+            x = B::decoder_layer(x, layer, rope, runs, pass);
+        }
+        self.model.norm.forward(x)
+    }
+
     /// Final hidden states `[batch, len, hidden]` for `tokens` `[batch, len]`.
     ///
     /// With a cache, this pass's keys and values are written at columns `cache.len..cache.len + len` (the
@@ -313,36 +380,32 @@ impl<B: Kernels> CausalLm<B> {
     ) -> Tensor<B, 3> {
         let [batch, len] = tokens.dims();
         let hidden = self.model.embed_tokens.weight.dims()[1];
-        let table = self.model.embed_tokens.weight.val();
-        let bf16 = table.dtype() == DType::BF16;
-        let mut x = table
-            .select(0, tokens.reshape([batch * len]))
-            .reshape([batch, len, hidden]);
-        if bf16 {
-            x = x.cast(FloatDType::F32);
-        }
+        let mut x = self.embed(tokens.reshape([batch * len]));
         let col = cache.as_ref().map_or(0, |c| c.len);
         for (i, layer) in self.model.layers.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|c| (&mut c.layers[i], col));
-            x = layer.forward(x, input, layer_cache);
+            let keys = Keys::Cached {
+                batch,
+                bias: &input.bias,
+                kv: cache.as_deref_mut().map(|c| (&mut c.layers[i], col)),
+            };
+            x = layer.forward(x, &input.rope, keys, false);
         }
         if let Some(c) = cache {
             c.len = col + len;
         }
-        self.model.norm.forward(x)
+        self.model.norm.forward(x).reshape([batch, len, hidden])
     }
 
     /// Projects hidden states `[batch, len, hidden]` to logits `[batch, len, vocab]`.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => {
-                let w = self.model.embed_tokens.weight.val();
-                let [batch, len, h] = hidden.dims();
-                let vocab = w.dims()[0];
-                B::project(hidden.reshape([batch * len, h]), w, false).reshape([batch, len, vocab])
-            }
-        }
+        let [batch, len, h] = hidden.dims();
+        let x = hidden.reshape([batch * len, h]);
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(x, false),
+            None => B::project(x, self.model.embed_tokens.weight.val(), false),
+        };
+        let vocab = logits.dims()[1];
+        logits.reshape([batch, len, vocab])
     }
 
     /// Logits `[batch, len, vocab]` for one pass without a cache.

@@ -420,7 +420,7 @@ impl Kernels for CpuAutodiff {
         if pass.recompute {
             layer::recomputed(x, l, rows, runs, pass)
         } else {
-            crate::train::forward::layer(x, l, rows, runs, pass)
+            l.forward_packed(x, rows, runs, pass)
         }
     }
 
