@@ -3,10 +3,10 @@
 //! Module and field names follow Hugging Face exactly (`model.layers.3.self_attn.q_proj.weight`), and every
 //! weight keeps Hugging Face's shape (`[out, in]` for projections), so burn's own parameter paths are the
 //! safetensors names and loading or saving is a rename-free copy.
-//! The decoder layer is composed here once ([`DecoderLayer::forward`]) for generation and training alike:
-//! its attention takes either a packed training row's sequences or key/value cache columns ([`Keys`]), and
+//! The decoder layer is composed here once (`DecoderLayer::forward`) for generation and training alike:
+//! its attention takes either a packed training row's sequences or key/value cache columns (`Keys`), and
 //! every backend-specific operation in it comes from [`Kernels`]. `train/forward.rs` runs it over packed
-//! rows (through [`Kernels::decoder_layer`], which the CPU's autodiff backend overrides with its
+//! rows (through `Kernels::decoder_layer`, which the CPU's autodiff backend overrides with its
 //! layer-recompute node), [`CausalLm::forward_hidden`] over padded batches and the cache.
 
 #![expect(
