@@ -32,7 +32,7 @@ use crate::sampling::resolve;
 use crate::state::ProxyState;
 use crate::template::RenderOptions;
 use crate::tokenizer::{IncrementalDecoder, StagedPieces};
-use crate::trajectory::{Finish, Interaction, TokenSampling, encode_versions};
+use crate::trajectory::{Finish, Interaction, TextHash, TextPrint, TokenSampling, encode_versions};
 
 /// A generation request in protocol-neutral form: OpenAI-style messages (already normalised and
 /// preprocessed), tools, and sampling settings as the client gave them.
@@ -174,6 +174,8 @@ pub struct Prepared {
     starts_in_reasoning: bool,
     reserved: u64,
     admitted: bool,
+    /// The rendering the prompt was taken from.
+    rendering: TextHash,
 }
 
 impl Drop for Prepared {
@@ -275,6 +277,8 @@ struct Prompt {
     starts_in_reasoning: bool,
     /// Pieces new to the tokenizer's memory, remembered only once the prompt fits the context window.
     staged: StagedPieces,
+    /// The rendering the tokens were taken from.
+    rendering: TextHash,
 }
 
 /// How many tokens the prompt of `input` has in `session`, computed exactly as a generation would (the
@@ -321,6 +325,7 @@ pub(crate) fn prepare_keeping_messages(
         images,
         starts_in_reasoning,
         staged,
+        rendering,
     } = build_prompt(state, session, input, now)?;
     let model = &shared.model;
     let max_ctx = shared.engine.max_context_len();
@@ -388,6 +393,7 @@ pub(crate) fn prepare_keeping_messages(
         starts_in_reasoning,
         reserved,
         admitted: true,
+        rendering,
     })
 }
 
@@ -441,6 +447,7 @@ fn build_prompt(
         .template
         .render(&messages, options)
         .map_err(template_error)?;
+    Metrics::add(&shared.metrics.template_renders, 1);
     let mut staged = StagedPieces::default();
     let mut encode = |text: &str| {
         model
@@ -450,37 +457,52 @@ fn build_prompt(
     };
     let mut parent_index = None;
     let (prompt, delta_start) = match parent {
-        Some(p) => {
-            let prefix = model
-                .template
-                .render(
-                    &messages[..p.covered],
-                    RenderOptions {
-                        add_generation_prompt: false,
-                        ..options
-                    },
-                )
-                .map_err(template_error)?;
-            if let Some(rest) = full.strip_prefix(prefix.as_str()) {
-                let tail = turn_close(state, &prefix, p.stop_token);
-                let mut text = String::with_capacity(tail.len() + rest.len());
-                text.push_str(tail);
-                text.push_str(rest);
+        None => (encode(&full)?, 0),
+        Some(p) => match p.text.and_then(|t| t.rest_of(&full)) {
+            // This rendering begins with exactly the text the parent's sequence ends at (the rendering its
+            // prompt came from, then its output as decoded and its stop token): what follows is what this
+            // request adds, found without rendering the parent's messages again, and the same tokens the
+            // prefix rendering below would add. It does not begin so where the template renders the
+            // parent's output otherwise than it was sampled (a tool call rewritten, reasoning dropped).
+            Some(rest) => {
                 let start = p.tokens.len();
                 let mut tokens = p.tokens;
-                tokens.extend(encode(&text)?);
+                tokens.extend(encode(rest)?);
                 parent_index = Some(p.index);
                 (tokens, start)
-            } else {
-                Metrics::add(&shared.metrics.prefix_mismatches, 1);
-                tracing::warn!(
-                    session = &**session,
-                    "the template does not render the earlier turns as a prefix; tokenising the whole conversation"
-                );
-                (encode(&full)?, 0)
             }
-        }
-        None => (encode(&full)?, 0),
+            None => {
+                let prefix = model
+                    .template
+                    .render(
+                        &messages[..p.covered],
+                        RenderOptions {
+                            add_generation_prompt: false,
+                            ..options
+                        },
+                    )
+                    .map_err(template_error)?;
+                Metrics::add(&shared.metrics.template_renders, 1);
+                if let Some(rest) = full.strip_prefix(prefix.as_str()) {
+                    let tail = turn_close(state, &prefix, p.stop_token);
+                    let mut added = String::with_capacity(tail.len() + rest.len());
+                    added.push_str(tail);
+                    added.push_str(rest);
+                    let start = p.tokens.len();
+                    let mut tokens = p.tokens;
+                    tokens.extend(encode(&added)?);
+                    parent_index = Some(p.index);
+                    (tokens, start)
+                } else {
+                    Metrics::add(&shared.metrics.prefix_mismatches, 1);
+                    tracing::warn!(
+                        session = &**session,
+                        "the template does not render the earlier turns as a prefix; tokenising the whole conversation"
+                    );
+                    (encode(&full)?, 0)
+                }
+            }
+        },
     };
     Ok(Prompt {
         tokens: prompt,
@@ -490,6 +512,7 @@ fn build_prompt(
         images,
         starts_in_reasoning: full.trim_end().ends_with("<think>"),
         staged,
+        rendering: TextHash::of(&full),
     })
 }
 
@@ -522,6 +545,10 @@ pub struct Generation {
     tool_calls: Vec<ToolCallOut>,
     tool_id_prefix: &'static str,
     done: bool,
+    /// The output's text as decoded, while every token has text (a stop token at the end aside).
+    raw: Option<String>,
+    /// Output tokens with no text of their own (stop and other special tokens).
+    textless: usize,
 }
 
 impl Generation {
@@ -559,6 +586,8 @@ impl Generation {
             tool_calls: Vec::new(),
             tool_id_prefix,
             done: false,
+            raw: Some(String::new()),
+            textless: 0,
         }
     }
 
@@ -625,7 +654,11 @@ impl Generation {
     fn on_token(&mut self, token: SampledToken, events: &mut Vec<GenEvent>) -> Result<bool, ApiError> {
         self.tokens.push(token);
         let model = &self.prepared.state.shared().model;
-        if model.stop_token_ids.contains(&token.id) {
+        let stop = model.stop_token_ids.contains(&token.id);
+        if stop || model.tokenizer.is_special(token.id) {
+            self.textless += 1;
+        }
+        if stop {
             return Ok(false);
         }
         let text = self
@@ -635,6 +668,9 @@ impl Generation {
         let Some(text) = text else {
             return Ok(false);
         };
+        if let Some(raw) = &mut self.raw {
+            raw.push_str(&text);
+        }
         let (safe, hit) = self.stop.push(&text);
         let mut parsed = Vec::new();
         self.parser.push(&safe, &mut parsed);
@@ -717,6 +753,9 @@ impl Generation {
                 Ok(r) => r,
                 Err(e) => return Err(self.fail(e)),
             };
+            if let Some(raw) = &mut self.raw {
+                raw.push_str(&rest);
+            }
             let (safe, _) = self.stop.push(&rest);
             self.parser.push(&safe, &mut parsed);
             let held = self.stop.finish();
@@ -740,6 +779,25 @@ impl Generation {
                 .filter(|id| model.stop_token_ids.contains(id)),
             _ => None,
         };
+        // The sequence's text is known when every output token has text, or all but the stop token that
+        // ends it; an output cut at a stop string stands for more than the client is shown.
+        let text = match self.raw.take() {
+            Some(mut raw) if !stop_string && self.textless == usize::from(stop_token.is_some()) => {
+                match stop_token.map(|id| model.tokenizer.decode(&[id], false)) {
+                    Some(Ok(end)) => {
+                        raw.push_str(&end);
+                        Some(raw)
+                    }
+                    Some(Err(_)) => None,
+                    None => Some(raw),
+                }
+            }
+            _ => None,
+        }
+        .map(|raw| TextPrint {
+            prompt: self.prepared.rendering,
+            output: TextHash::of(&raw),
+        });
         let output_message = output_message(&self.content, "", &self.tool_calls);
         let p = &self.prepared;
         let guard = p
@@ -780,6 +838,7 @@ impl Generation {
             },
             reward: None,
             integrity_hits: integrity_hits.into_boxed_slice(),
+            text,
         };
         let state = p.state.clone();
         let shared = state.shared();

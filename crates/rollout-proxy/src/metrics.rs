@@ -56,6 +56,7 @@ pub(crate) struct Metrics {
     pub(crate) generations: Counter,
     pub(crate) aborted_generations: Counter,
     pub(crate) prefix_mismatches: Counter,
+    pub(crate) template_renders: Counter,
     pub(crate) sessions_started: Counter,
     pub(crate) sessions_ended: Counter,
     pub(crate) sessions_exported: Counter,
@@ -98,6 +99,7 @@ impl Default for Metrics {
             generations: Counter::default(),
             aborted_generations: Counter::default(),
             prefix_mismatches: Counter::default(),
+            template_renders: Counter::default(),
             sessions_started: Counter::default(),
             sessions_ended: Counter::default(),
             sessions_exported: Counter::default(),
@@ -144,7 +146,7 @@ impl Metrics {
             "Integrity rule hits in recorded generations, by rule",
             self.integrity_hits.clone(),
         );
-        let counters: [(&str, &str, &Counter); 9] = [
+        let counters: [(&str, &str, &Counter); 10] = [
             (
                 "rollout_proxy_prompt_tokens",
                 "Prompt tokens sent to the engine",
@@ -169,6 +171,11 @@ impl Metrics {
                 "rollout_proxy_prefix_mismatches",
                 "Requests that extended an earlier interaction the template did not render as a prefix",
                 &self.prefix_mismatches,
+            ),
+            (
+                "rollout_proxy_template_renders",
+                "Chat template renders of prompts (a request extending an earlier interaction renders twice unless its rendering begins with the text of the earlier one's tokens)",
+                &self.template_renders,
             ),
             (
                 "rollout_proxy_sessions_started",

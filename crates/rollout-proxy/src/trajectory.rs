@@ -9,6 +9,8 @@
 mod tests;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -93,6 +95,47 @@ pub(crate) struct Interaction {
     /// What the integrity guard found in the output (at most
     /// [`crate::integrity::MAX_HITS_PER_INTERACTION`]).
     pub(crate) integrity_hits: Box<[Hit]>,
+    /// The text this interaction's sequence ends at: the rendering its prompt was taken from, then its output
+    /// as decoded and its stop token (unknown when an output token has no text, or a stop string cut it).
+    pub(crate) text: Option<TextPrint>,
+}
+
+/// The length and a hash of a text (SipHash under keys drawn once per process, so a client cannot aim at a
+/// collision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TextHash {
+    len: usize,
+    hash: u64,
+}
+
+impl TextHash {
+    pub(crate) fn of(text: &str) -> Self {
+        static KEYS: OnceLock<RandomState> = OnceLock::new();
+        Self {
+            len: text.len(),
+            hash: KEYS.get_or_init(RandomState::new).hash_one(text.as_bytes()),
+        }
+    }
+}
+
+/// The text an interaction's sequence ends at: the rendering its prompt was taken from, then its output as
+/// decoded with its stop token. A later request whose rendering begins with exactly that text extends the
+/// sequence by the rest, without rendering the earlier messages a second time to find where they end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TextPrint {
+    pub(crate) prompt: TextHash,
+    pub(crate) output: TextHash,
+}
+
+impl TextPrint {
+    /// What follows this text in `rendering`, when `rendering` begins with exactly this text.
+    pub(crate) fn rest_of<'t>(&self, rendering: &'t str) -> Option<&'t str> {
+        let end = self.prompt.len.checked_add(self.output.len)?;
+        let prompt = rendering.get(..self.prompt.len)?;
+        let output = rendering.get(self.prompt.len..end)?;
+        (TextHash::of(prompt) == self.prompt && TextHash::of(output) == self.output)
+            .then(|| &rendering[end..])
+    }
 }
 
 impl Interaction {
@@ -138,6 +181,8 @@ pub(crate) struct ParentMatch {
     /// The parent's full token sequence.
     pub(crate) tokens: Vec<u32>,
     pub(crate) stop_token: Option<u32>,
+    /// The text the parent's sequence ends at, when known.
+    pub(crate) text: Option<TextPrint>,
 }
 
 impl Trajectory {
@@ -156,6 +201,7 @@ impl Trajectory {
                     covered,
                     tokens: self.full_tokens(index),
                     stop_token: parent.stop_token,
+                    text: parent.text,
                 });
             }
         }

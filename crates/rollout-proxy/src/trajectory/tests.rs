@@ -27,6 +27,7 @@ fn interaction(
         finish: Finish::Stop,
         reward: None,
         integrity_hits: Box::default(),
+        text: None,
     }
 }
 
@@ -398,4 +399,32 @@ fn scored_leaves_are_never_overwritten() {
         [("c0t0".to_string(), 1.0, 0.5), ("c1t0".to_string(), 0.5, 0.5)],
         "discounted as before: c0t0 = 0.5 + 1.0 * 0.5"
     );
+}
+
+#[test]
+fn a_rendering_continues_a_text_print_only_when_it_begins_with_exactly_that_text() {
+    let print = TextPrint {
+        prompt: TextHash::of("<|im_start|>user\nhé<|im_end|>\n<|im_start|>assistant\n"),
+        output: TextHash::of("Answer.<|im_end|>"),
+    };
+    let begun = "<|im_start|>user\nhé<|im_end|>\n<|im_start|>assistant\nAnswer.<|im_end|>";
+    assert_eq!(
+        print.rest_of(&format!("{begun}\n<|im_start|>user\nmore")),
+        Some("\n<|im_start|>user\nmore")
+    );
+    assert_eq!(print.rest_of(begun), Some(""));
+    for other in [
+        begun.replace("Answer.", "Answer!"),
+        begun.replace("hé", "he"),
+        begun[..begun.len() - 1].to_string(),
+        String::new(),
+    ] {
+        assert_eq!(print.rest_of(&format!("{other}\nmore")), None, "{other:?}");
+    }
+    // A length that ends inside a character is no match, not a panic.
+    let inside = TextPrint {
+        prompt: TextHash::of("<|im_start|>user\nh"),
+        output: TextHash::of("\u{0}"),
+    };
+    assert_eq!(inside.rest_of(begun), None);
 }

@@ -2,13 +2,14 @@
 //! conversations over Anthropic Messages (thinking blocks echoed back) and over Responses (chained by
 //! `previous_response_id`, or stateless with the output items echoed back), each exported with `concat`
 //! as one trajectory whose tokens are exactly the engine's sampled tokens interleaved with the template's
-//! tokens for the messages in between, verified token by token.
+//! tokens for the messages in between, verified token by token; and how many times a chained conversation
+//! renders the chat template.
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 use rollout_proxy::{ExportedTrajectory, SampledToken};
 use serde_json::{Value, json};
 
-use crate::common::{Proxy, model, tokens, turn};
+use crate::common::{Proxy, call, model, tokens, turn};
 
 const TURNS: usize = 20;
 const SYSTEM: &str = "You run shell commands.";
@@ -263,4 +264,77 @@ async fn responses_chained_by_previous_response_id_stay_token_exact() {
 #[tokio::test]
 async fn stateless_responses_echoing_their_items_stay_token_exact() {
     responses_session(false).await;
+}
+
+/// The value of counter `name` in the proxy's `/metrics`.
+async fn counter(p: &Proxy, name: &str) -> u64 {
+    let r = call(Method::GET, &p.url("/metrics"), &[], None).await;
+    let line = format!("{name}_total ");
+    let value = r
+        .text
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{}", r.text));
+    value.trim().parse::<f64>().expect("a number") as u64
+}
+
+/// A `previous_response_id` continuation whose rendering begins with the text its parent's sequence ends
+/// at renders the chat template once, and one whose parent's output the template renders otherwise
+/// (SmolLM2's template writes a tool call's content, which is empty) renders the earlier turns a second
+/// time to find where they end; both extend the parent's exact tokens.
+#[tokio::test]
+async fn a_continuation_renders_the_template_once_unless_its_parents_output_renders_otherwise() {
+    const CHAINED: usize = 6;
+    const TOOL_TURN: usize = 1;
+    let p = Proxy::default().await;
+    let (session, key) = p.session("renders").await;
+    let tools = json!([{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]);
+    let mut input = json!(TASK);
+    let mut previous: Option<String> = None;
+    let mut renders = Vec::new();
+    let mut templates = vec![first_prompt()];
+    for k in 0..CHAINED {
+        let output = if k == TOOL_TURN {
+            output_text(k)
+        } else {
+            format!("Answer {k}: the count so far is {}.", 3 * k)
+        };
+        p.engine.push_script(turn(&output));
+        let mut body = json!({"model": "smol", "instructions": SYSTEM, "tools": tools, "input": input});
+        if let Some(id) = &previous {
+            body["previous_response_id"] = json!(id);
+        }
+        let before = counter(&p, "rollout_proxy_template_renders").await;
+        let r = p.responses(&key, body).await;
+        assert_eq!(r.status, StatusCode::OK, "turn {k}: {}", r.text);
+        renders.push(counter(&p, "rollout_proxy_template_renders").await - before);
+        let reply = r.json();
+        previous = Some(reply["id"].as_str().expect("id").to_string());
+        if k == TOOL_TURN {
+            let call_id = &reply["output"][0]["call_id"];
+            assert_eq!(reply["output"][0]["type"], "function_call", "turn {k}: {reply}");
+            input = json!([{"type": "function_call_output", "call_id": call_id, "output": format!("output {k}")}]);
+            templates.push(tool_turn(k));
+        } else {
+            let next = format!("Go on with part {}.", k + 1);
+            templates.push(format!(
+                "\n<|im_start|>user\n{next}<|im_end|>\n<|im_start|>assistant\n"
+            ));
+            input = json!(next);
+        }
+    }
+    templates.pop();
+    let mut want = vec![1; CHAINED];
+    want[TOOL_TURN + 1] = 2;
+    assert_eq!(
+        renders, want,
+        "renders per request: one, but two right after the tool call"
+    );
+    assert_eq!(counter(&p, "rollout_proxy_prefix_mismatches").await, 0);
+    p.end(&key).await;
+    let exported = p.export(&session, "concat").await;
+    assert_eq!(exported.trajectories.len(), 1, "every turn extended the last");
+    let outputs = p.engine.outputs();
+    assert_eq!(outputs.len(), CHAINED);
+    verify(&exported.trajectories[0], &outputs, &templates);
 }

@@ -177,6 +177,7 @@ async fn prometheus_clients_openmetrics_parser_reads_the_exposition() {
         "sessions_started",
         "stored_response_bytes",
         "stored_tokens",
+        "template_renders",
     ]
     .map(|n| format!("rollout_proxy_{n}"));
     assert_eq!(names, want, "every family parses, under its old name");
