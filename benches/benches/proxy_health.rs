@@ -12,12 +12,17 @@
 //! - `continuations`: six clients loop a 3-word `previous_response_id` continuation (not stored) of their
 //!   own chain of [`CHAIN_TURNS`] stored turns.
 //!
+//! Before the scenarios, [`CPU_CONTINUATIONS`] continuations sent one at a time give the proxy's CPU time per
+//! continuation (its process's user and system time, from `/proc`).
+//!
 //! The summary prints p50/p95/p99 of `/health` in each scenario, with the load's own request rate, and
 //! writes it to `<target>/criterion/proxy-health-summary.json`. Needs `ARENA_RL_SMOLLM2`
 //! (`eval "$(cargo xtask fixtures)"`).
 
 #[path = "common/latency.rs"]
 mod latency;
+#[path = "common/proc_cpu.rs"]
+mod proc_cpu;
 #[path = "common/summary.rs"]
 mod summary;
 
@@ -46,6 +51,8 @@ const GET_CLIENTS: usize = 4;
 /// Stored turns of each continuing client's chain, each with a user message of about 1.5 KB.
 const CHAIN_TURNS: usize = 40;
 const CONTINUING_CLIENTS: usize = 6;
+/// Continuations sent one at a time to measure the proxy's CPU time per continuation.
+const CPU_CONTINUATIONS: usize = 200;
 
 fn fixture(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
@@ -232,6 +239,7 @@ fn main() {
         .trim()
         .parse()
         .expect("an address");
+    let proxy_pid = child.id();
     let _child = ChildProcess(child);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -289,6 +297,26 @@ fn main() {
         bytes.len()
     });
     println!("stored answer: {stored_bytes} bytes of JSON; each chain {CHAIN_TURNS} turns");
+    // What one continuation costs the proxy, alone: its CPU time over continuations sent one at a time,
+    // which the machine's other work moves far less than a rate or a latency.
+    let continuation_cpu_ms = runtime.block_on(async {
+        let meter = proc_cpu::CpuMeter::new();
+        let before = meter.seconds(proxy_pid);
+        for i in 0..CPU_CONTINUATIONS {
+            let (key, previous) = &chains[i % chains.len()];
+            let body = json!({"model": "smol", "input": "and now?", "store": false,
+                              "max_output_tokens": 1, "previous_response_id": previous});
+            proxy.ok("/v1/responses", key, body).await;
+        }
+        before
+            .zip(meter.seconds(proxy_pid))
+            .map(|(b, a)| (a - b) * 1e3 / CPU_CONTINUATIONS as f64)
+    });
+    if let Some(ms) = continuation_cpu_ms {
+        println!(
+            "one continuation of a {CHAIN_TURNS}-turn chain: {ms:.2} ms of the proxy's CPU (mean of {CPU_CONTINUATIONS}, one at a time)"
+        );
+    }
     let big = Arc::new(big);
     let chains = Arc::new(chains);
 
@@ -369,5 +397,6 @@ fn main() {
         );
     }
     report.insert("stored_answer_bytes".into(), json!(stored_bytes));
+    report.insert("continuation_cpu_ms".into(), json!(continuation_cpu_ms));
     summary::write_summary(report, "proxy-health-summary.json");
 }
