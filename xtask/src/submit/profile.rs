@@ -1,5 +1,6 @@
 //! Launch profiles: the reference's `grpo` smoke profile, the `flash-v3` profile with its node-count table and
-//! token-length rules, and `local` (one node, no GPU).
+//! token-length rules, `local` (one node, no GPU) and `multinode-cpu` (the `local` run with its policy served
+//! by a `serve-policy` replica on a second node, no GPU).
 //!
 //! A profile fixes eleven knobs (what `--print-profile` prints) and the placement of `arena-rl` roles on the GPU
 //! job's nodes. The knobs reach the run config as dotted overrides on the `arena-rl train` command line.
@@ -17,6 +18,10 @@ pub(crate) enum Profile {
     /// The reference's Flash V3 profile: `N_NODES` 2, 4, 8 or 16.
     #[value(name = "flash-v3")]
     FlashV3,
+    /// Two nodes, no GPU: the `local` run with its policy on another node (`sglang:d1`, one `serve-policy`
+    /// replica on the CPU), so the trainer, the proxy and the policy server talk across hosts.
+    #[value(name = "multinode-cpu")]
+    MultinodeCpu,
 }
 
 impl Profile {
@@ -25,22 +30,24 @@ impl Profile {
             Profile::Local => "local",
             Profile::Grpo => "grpo",
             Profile::FlashV3 => "flash-v3",
+            Profile::MultinodeCpu => "multinode-cpu",
         }
     }
 
     /// The profile's run config, relative to the checkout.
     pub(crate) fn default_config(self) -> &'static str {
         match self {
-            Profile::Local => "examples/configs/local.yaml",
+            // The same quickstart-sized run as `local`; only the placement differs.
+            Profile::Local | Profile::MultinodeCpu => "examples/configs/local.yaml",
             Profile::Grpo => "examples/configs/grpo.yaml",
             Profile::FlashV3 => "examples/configs/flash_v3.yaml",
         }
     }
 
     /// GPUs a node of the GPU job has when `N_GPUS_PER_NODE` does not say.
-    fn default_gpus_per_node(self) -> u32 {
+    pub(crate) fn default_gpus_per_node(self) -> u32 {
         match self {
-            Profile::Local => 0,
+            Profile::Local | Profile::MultinodeCpu => 0,
             Profile::Grpo | Profile::FlashV3 => 8,
         }
     }
@@ -48,7 +55,7 @@ impl Profile {
     /// Whether the controller job is the reference's CPU-only job (4 CPUs, 16G, `--gres=gpu:0`) or a small one
     /// that fits on a laptop-sized node next to the training job.
     pub(crate) fn small_controller(self) -> bool {
-        self == Profile::Local
+        self.default_gpus_per_node() == 0
     }
 }
 
@@ -214,6 +221,21 @@ fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option
             nodes: 1,
             actor: "burn:cpu".into(),
             rollout: "in-process".into(),
+            context: 2048,
+            max_tokens: 2047,
+            max_new_tokens: 64,
+            batch: 2,
+            samples: 2,
+            steps: 2,
+            concurrency: 4,
+            gpu_memory_gib: 0,
+        }),
+        // The same run with its policy on a second node: one `serve-policy` replica on the CPU, which the trainer
+        // reaches over the network and publishes each update to, as an SGLang layout's servers are reached.
+        Profile::MultinodeCpu => Some(Knobs {
+            nodes: 2,
+            actor: "burn:cpu".into(),
+            rollout: "sglang:d1".into(),
             context: 2048,
             max_tokens: 2047,
             max_new_tokens: 64,

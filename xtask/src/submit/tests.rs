@@ -20,7 +20,7 @@ impl Site {
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path().canonicalize().expect("canonical temp dir");
         let checkout = root.join("arena-rl");
-        for profile in [Profile::Local, Profile::Grpo, Profile::FlashV3] {
+        for profile in [Profile::Local, Profile::Grpo, Profile::FlashV3, Profile::MultinodeCpu] {
             write(&checkout.join(profile.default_config()), "experiment_name: x\n");
         }
         write(
@@ -356,6 +356,12 @@ fn each_invalid_variable_is_one_line_naming_it() {
             Some("6"),
             "N_GPUS_PER_NODE=6 does not fit the rollout layout sglang:d4p1t2: 4 replicas do not fill whole nodes of 3",
         ),
+    // Without GPUs a replica is one CPU process: a layout of several GPUs a replica does not fit.
+        (
+            "N_GPUS_PER_NODE",
+            Some("0"),
+            "N_GPUS_PER_NODE=0 does not fit the rollout layout sglang:d4p1t2 (4 replicas of 2 GPUs each)",
+        ),
     ];
     for (name, value, want) in cases {
         check(Grpo, &[(name, *value)], &[], &[want]);
@@ -688,6 +694,18 @@ fn actor_layouts_place_the_fsdp2_worker_on_whole_trainer_nodes() {
         placed(Profile::FlashV3, &[("N_NODES", Some("2"))]),
         ("burn:1gpu".into(), 1, 0, 2, 3)
     );
+    // multinode-cpu: burn on the trainer's node, its one CPU replica on a second node.
+    assert_eq!(
+        placed(Profile::MultinodeCpu, &[]),
+        ("burn:cpu".into(), 1, 0, 1, 2)
+    );
+    let l = site
+        .launch(Profile::MultinodeCpu, Mode::Submit, &[], &[])
+        .expect("valid");
+    assert_eq!(
+        (l.placement.replicas_per_node, l.placement.gpus_per_replica),
+        (1, 0)
+    );
 }
 
 /// An `fsdp2:` actor renders the worker's step (torchrun over the trainer nodes with c10d rendezvous on the
@@ -870,7 +888,11 @@ fn snapshot(site: &Site, launch: &Launch) -> String {
 fn rendered_scripts_for_every_profile_and_node_count() {
     let site = Site::new();
     let mut cases: Vec<(String, Launch)> = Vec::new();
-    for (name, profile) in [("local", Profile::Local), ("grpo", Profile::Grpo)] {
+    for (name, profile) in [
+        ("local", Profile::Local),
+        ("grpo", Profile::Grpo),
+        ("multinode_cpu", Profile::MultinodeCpu),
+    ] {
         let l = site.launch(profile, Mode::Submit, &[], &[]).expect("valid");
         cases.push((name.into(), l));
     }
@@ -890,7 +912,11 @@ fn rendered_scripts_for_every_profile_and_node_count() {
 #[test]
 fn print_profile_nodes_are_the_jobs_allocation() {
     let site = Site::new();
-    let mut cases: Vec<(Profile, Option<&str>)> = vec![(Profile::Local, None), (Profile::Grpo, None)];
+    let mut cases: Vec<(Profile, Option<&str>)> = vec![
+        (Profile::Local, None),
+        (Profile::Grpo, None),
+        (Profile::MultinodeCpu, None),
+    ];
     cases.extend(["2", "4", "8", "16"].map(|n| (Profile::FlashV3, Some(n))));
     for (profile, n_nodes) in cases {
         let changes: Vec<(&str, Option<&str>)> = n_nodes.map(|n| ("N_NODES", Some(n))).into_iter().collect();

@@ -293,7 +293,7 @@ pub(crate) fn validate(
         && areal_dir.is_some()
         && !is_executable(b)
     {
-        let features = if profile == Profile::Local {
+        let features = if profile.default_gpus_per_node() == 0 {
             ""
         } else {
             " --features cuda"

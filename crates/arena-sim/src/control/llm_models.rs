@@ -82,6 +82,15 @@ pub(super) async fn register_model(
     let body = body.unwrap_or(Value::Null);
     let (name, deployment_id) = validate_registration(&body)
         .map_err(|message| error_body(StatusCode::UNPROCESSABLE_ENTITY, &message))?;
+    // The upstream URLs (never their keys) go to the log: where Arena's harnesses will send this route's calls,
+    // which a test of a run on other hosts reads back.
+    let base_urls: Vec<String> = body["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["base_url"].as_str().map(str::to_string))
+        .collect();
+    tracing::info!(model_name = %name, base_urls = ?base_urls, "route registration");
     let registered = lock(&arena.state).register_route(&name, deployment_id, body);
     let response = match registered {
         Some(info) => reply(
