@@ -167,14 +167,36 @@ if ((trainer_ranks_per_node > 0)); then
     export ARENA_RL_TRAINER_API_KEY
 fi
 
-# Each step asks for its CPUs: the trainer every CPU of its node, each policy server its share of its node's.
-node_cpus="${SLURM_CPUS_ON_NODE:-1}"
-server_cpus=$((node_cpus / (replicas_per_node > 0 ? replicas_per_node : 1)))
+# Each step asks for its CPUs: the trainer every CPU the job holds on its node, each policy server its share
+# of the fewest the job holds on a policy server's node. A job that does not take its nodes whole may hold a
+# different number on each: SLURM_JOB_CPUS_PER_NODE lists them in node order ("2(x2),1").
+job_cpus=()
+IFS=, read -r -a cpu_groups <<<"${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}"
+for group in "${cpu_groups[@]}"; do
+    count=1
+    if [[ "$group" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+        group="${BASH_REMATCH[1]}"
+        count="${BASH_REMATCH[2]}"
+    fi
+    for ((i = 0; i < count; i++)); do
+        job_cpus+=("$group")
+    done
+done
+node_cpus="${job_cpus[0]:-1}"
+server_cpus=""
+for cpus in "${job_cpus[@]:trainer_nodes}"; do
+    if [[ -z "$server_cpus" ]] || ((cpus < server_cpus)); then
+        server_cpus="$cpus"
+    fi
+done
+server_cpus=$((${server_cpus:-1} / (replicas_per_node > 0 ? replicas_per_node : 1)))
 ((server_cpus > 0)) || server_cpus=1
 
 servers_pid=""
 if ((${#serve_nodes[@]} > 0)); then
-    srun --nodes="${#serve_nodes[@]}" --ntasks-per-node="$replicas_per_node" --cpus-per-task="$server_cpus" \
+    # --ntasks: a step inherits the job's task count (SLURM_NTASKS), which counts the trainer's nodes too.
+    srun --nodes="${#serve_nodes[@]}" --ntasks="$((${#serve_nodes[@]} * replicas_per_node))" \
+        --ntasks-per-node="$replicas_per_node" --cpus-per-task="$server_cpus" \
         --nodelist="$(IFS=,; echo "${serve_nodes[*]}")" --export=ALL \
         "${server_container[@]}" bash "$ARENA_SUBMISSION_DIR/train.sbatch" --step policy-server &
     servers_pid=$!
@@ -183,7 +205,7 @@ fi
 worker_pid=""
 loop_share=()
 if ((trainer_ranks_per_node > 0)); then
-    srun --nodes="$trainer_nodes" --ntasks-per-node=1 --cpus-per-task="$node_cpus" \
+    srun --nodes="$trainer_nodes" --ntasks="$trainer_nodes" --ntasks-per-node=1 --cpus-per-task="$node_cpus" \
         --nodelist="$ARENA_TRAINER_NODES" --export=ALL \
         "${worker_container[@]}" bash "$ARENA_SUBMISSION_DIR/train.sbatch" --step fsdp2-worker &
     worker_pid=$!
