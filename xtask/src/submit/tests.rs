@@ -20,7 +20,12 @@ impl Site {
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path().canonicalize().expect("canonical temp dir");
         let checkout = root.join("arena-rl");
-        for profile in [Profile::Local, Profile::Grpo, Profile::FlashV3, Profile::MultinodeCpu] {
+        for profile in [
+            Profile::Local,
+            Profile::Grpo,
+            Profile::FlashV3,
+            Profile::MultinodeCpu,
+        ] {
             write(&checkout.join(profile.default_config()), "experiment_name: x\n");
         }
         write(
@@ -356,7 +361,7 @@ fn each_invalid_variable_is_one_line_naming_it() {
             Some("6"),
             "N_GPUS_PER_NODE=6 does not fit the rollout layout sglang:d4p1t2: 4 replicas do not fill whole nodes of 3",
         ),
-    // Without GPUs a replica is one CPU process: a layout of several GPUs a replica does not fit.
+        // Without GPUs a replica is one CPU process: a layout of several GPUs a replica does not fit.
         (
             "N_GPUS_PER_NODE",
             Some("0"),

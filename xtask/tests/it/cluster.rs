@@ -34,14 +34,14 @@ pub(crate) fn path_with_sbin() -> String {
     format!("{path}:/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin")
 }
 
-fn which(program: &str) -> Option<PathBuf> {
+pub(crate) fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path_with_sbin())
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
 }
 
 /// Installs the packages when a program is missing and this process may: root, with apt-get.
-fn ensure_installed() -> Result<(), Unavailable> {
+pub(crate) fn ensure_installed() -> Result<(), Unavailable> {
     let missing: Vec<&str> = PROGRAMS.into_iter().filter(|p| which(p).is_none()).collect();
     if missing.is_empty() {
         return Ok(());
@@ -353,7 +353,7 @@ impl Drop for Cluster {
     }
 }
 
-fn set_mode(path: &Path, mode: u32) {
+pub(crate) fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }

@@ -19,11 +19,11 @@ const TOKEN: &str = "tok-netns-5d0c2e81aa";
 const LLM_KEY: &str = "llm-netns-b7193f0c4e";
 const ADMIN_KEY: &str = "adm-netns-60e4a9d2f1";
 
-fn ip(args: &[&str]) -> Output {
+pub(crate) fn ip(args: &[&str]) -> Output {
     Command::new("ip").args(args).output().expect("`ip` runs")
 }
 
-fn ip_ok(args: &[&str]) {
+pub(crate) fn ip_ok(args: &[&str]) {
     let out = ip(args);
     assert!(
         out.status.success(),
@@ -33,18 +33,33 @@ fn ip_ok(args: &[&str]) {
     );
 }
 
-/// Removes namespaces and links an earlier run of this test left when it was killed (its process is gone).
-fn remove_leftovers() {
+/// Removes what an earlier run of a test whose names start with `prefix` left when it was killed (its process,
+/// whose id follows the prefix, is gone): the processes still inside its namespaces (stopped by their ids),
+/// the namespaces, their `/etc/netns` folders, and the links in this namespace.
+pub(crate) fn remove_leftovers(prefix: &str) {
     let alive = |name: &str| -> bool {
-        let rest = name.trim_start_matches(PREFIX);
+        let rest = name.trim_start_matches(prefix);
         let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
         !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists()
     };
     let list = ip(&["netns", "list"]);
     for line in String::from_utf8_lossy(&list.stdout).lines() {
         let name = line.split_whitespace().next().unwrap_or("");
-        if name.starts_with(PREFIX) && !alive(name) {
+        if name.starts_with(prefix) && !alive(name) {
+            let pids = ip(&["netns", "pids", name]);
+            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
             let _ = ip(&["netns", "delete", name]);
+            let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(name));
+        }
+    }
+    if let Ok(dirs) = std::fs::read_dir("/etc/netns") {
+        for dir in dirs.flatten() {
+            let name = dir.file_name().to_string_lossy().into_owned();
+            if name.starts_with(prefix) && !alive(&name) {
+                let _ = std::fs::remove_dir_all(dir.path());
+            }
         }
     }
     let links = ip(&["-o", "link", "show"]);
@@ -52,7 +67,7 @@ fn remove_leftovers() {
         let Some(name) = line.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n)) else {
             continue;
         };
-        if name.starts_with(PREFIX) && !alive(name) {
+        if name.starts_with(prefix) && !alive(name) {
             let _ = ip(&["link", "delete", name]);
         }
     }
@@ -76,7 +91,7 @@ impl ArenaHost {
             "0",
             "this test makes a network namespace for Arena's host and needs root (CI runs as root)"
         );
-        remove_leftovers();
+        remove_leftovers(PREFIX);
         let pid = std::process::id();
         let host = Self {
             ns: format!("{PREFIX}{pid}n"),
@@ -212,7 +227,7 @@ fn train(arena_rl: &Path, work: &Path, model: &Path, arena: &str, overrides: &[&
     out
 }
 
-fn prepare_policy(arena_rl: &Path, work: &Path) -> PathBuf {
+pub(crate) fn prepare_policy(arena_rl: &Path, work: &Path) -> PathBuf {
     let fileroot = work.join("policy");
     let out = Command::new(arena_rl)
         .args(["quickstart", "--prepare-policy", "--warmup-steps", "0"])
