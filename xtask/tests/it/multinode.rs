@@ -198,7 +198,7 @@ fn multinode_cpu_trains_across_namespace_nodes_and_a_loopback_proxy_is_refused()
         started.elapsed().as_secs_f64()
     );
     let work = tempfile::Builder::new()
-        .prefix("multinode-")
+        .prefix(&format!("{}-work-", cluster.tag()))
         .tempdir_in("/tmp")
         .expect("work dir");
     let sim = Sim::start(&cluster, &arena_sim, work.path().join("arena-sim.log"));

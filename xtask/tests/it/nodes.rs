@@ -247,7 +247,7 @@ impl NodeCluster {
         let names = format!("node[1-{}]", self.nodes.len());
         let r = root.display();
         let conf = format!(
-            "ClusterName={PREFIX}\n\
+            "ClusterName={tag}\n\
              SlurmctldHost={head}\n\
              SlurmctldPort={SLURMCTLD_PORT}\n\
              SlurmdPort={SLURMD_PORT}\n\
@@ -274,6 +274,7 @@ impl NodeCluster {
              NodeName={names} {hardware} State=UNKNOWN\n\
              PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP\n",
             head = self.nodes[0].name,
+            tag = self.tag,
         );
         std::fs::write(&self.conf, conf).expect("slurm.conf");
     }
@@ -320,6 +321,12 @@ impl NodeCluster {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.arena_ns]).arg(program);
         cmd
+    }
+
+    /// The run's prefix (`arlmn<pid>`): a folder under /tmp whose name starts with it is removed by a later
+    /// run once this process is gone.
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
     }
 
     /// Arena's host's address.
