@@ -302,8 +302,22 @@ fn multinode_cpu_trains_across_namespace_nodes_and_a_loopback_proxy_is_refused()
         trainer.name
     );
 
-    // The trainer advertised its node's address, Arena's gateway reached it, and every route Arena
-    // registered leads there.
+    // On its own node the trainer's hostname resolves to 127.0.1.1, as on Debian, so a URL built from it would
+    // be loopback: the trainer advertised its node's address instead, Arena's gateway reached it, and every
+    // route Arena registered leads there.
+    let index = nodes.iter().position(|n| n.name == trainer.name).expect("a node");
+    let resolved = site
+        .cluster
+        .on(index, "getent")
+        .args(["hosts", &trainer.name])
+        .output()
+        .expect("getent runs");
+    let resolved = String::from_utf8_lossy(&resolved.stdout);
+    assert!(
+        resolved.starts_with("127.0.1.1 "),
+        "{} resolves to {resolved:?} on itself",
+        trainer.name
+    );
     let advertised = format!("http://{}:", trainer.addr);
     assert!(
         train_log.lines().any(|l| {
