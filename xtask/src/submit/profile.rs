@@ -236,8 +236,10 @@ fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option
             nodes: 2,
             actor: "burn:cpu".into(),
             rollout: "sglang:d1".into(),
-            context: 2048,
-            max_tokens: 2047,
+            // The server's --context-length, which SGLang refuses above the model's window: the quickstart
+            // policy's 256 tokens.
+            context: 256,
+            max_tokens: 255,
             max_new_tokens: 64,
             batch: 2,
             samples: 2,

@@ -1,8 +1,10 @@
 //! `cargo xtask submit --profile multinode-cpu` on a Slurm cluster of three namespace nodes ([`crate::nodes`]),
 //! against `arena-sim` on a host of its own that reaches the run only through the address the run advertises.
 //!
-//! The profile puts the trainer (the loop and the rollout proxy) on one node and its policy server on
-//! another. With the proxy on every interface (the profile's setting) the controller and the train job end
+//! The profile puts the trainer (the loop and the rollout proxy) on one node and its policy server, an
+//! `sglang:` layout's server, on another; `SGLANG_LAUNCHER` is `xtask/sglang/as_serve_policy.py`, which checks
+//! the arguments it receives with SGLang's own parser (`ARENA_RL_PY_SGLANG`) and then serves with
+//! `arena-rl serve-policy`. With the proxy on every interface (the profile's setting) the controller and the train job end
 //! COMPLETED after two steps in which every rollout was rewarded, and every route Arena registered leads to
 //! the trainer node's address; with the proxy left on loopback the trainer stops at start with the one-line
 //! refusal and nothing is launched in Arena.
@@ -97,6 +99,13 @@ impl Drop for Sim {
     }
 }
 
+/// The Python with SGLang's parser (`sglang==0.5.23`, the fixture `cargo xtask test` prepares).
+fn sglang_python() -> String {
+    std::env::var("ARENA_RL_PY_SGLANG").unwrap_or_else(|_| {
+        panic!("ARENA_RL_PY_SGLANG is not set: run `cargo xtask test`, or `eval \"$(cargo xtask fixtures)\"` first")
+    })
+}
+
 /// Everything a submission needs: the cluster, arena-sim and a shared folder (policy, file root, credentials).
 struct Site {
     // Dropped in this order: arena-sim, the files, then the cluster.
@@ -112,9 +121,17 @@ impl Site {
         self.work.path().join(rel)
     }
 
-    /// `xtask submit --profile multinode-cpu OVERRIDES` from the first node (the login node); returns the
-    /// controller's job id.
+    /// `xtask submit --profile multinode-cpu OVERRIDES` from the first node (the login node), with the
+    /// SGLang launcher that checks its arguments and serves with serve-policy, recording them under
+    /// `records/<trial>`; returns the controller's job id.
     fn submit(&self, trial: &str, overrides: &[&str]) -> String {
+        let launcher = format!(
+            "{} {}",
+            sglang_python(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("sglang/as_serve_policy.py")
+                .display()
+        );
         let out = self
             .cluster
             .on(0, env!("CARGO_BIN_EXE_xtask"))
@@ -131,6 +148,11 @@ impl Site {
             .env("ARENA_OPENAPI_BASE", &self.sim.base_url)
             .env("ARENA_SUPERVISE_INTERVAL", "1")
             .env("TRIAL_NAME", trial)
+            .env("SGLANG_LAUNCHER", launcher)
+            .env(
+                "ARENA_RL_SGLANG_RECORD_DIR",
+                self.path(&format!("records/{trial}")),
+            )
             .output()
             .expect("xtask runs");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -342,6 +364,32 @@ fn multinode_cpu_trains_across_namespace_nodes_and_a_loopback_proxy_is_refused()
         server.map_or("", |s| s.name.as_str()),
         registrations.len()
     );
+
+    // The policy server received SGLang's arguments for one CPU server of the layout, which SGLang's parser
+    // accepted (the launcher records SGLang's reading), with its key in the environment and on no command line.
+    let records: Vec<PathBuf> = std::fs::read_dir(site.path(&format!("records/{trial}")))
+        .expect("the launcher recorded its arguments")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&records[0]).expect("a record")).expect("JSON");
+    let model = site.model.display().to_string();
+    for (field, want) in [
+        ("model_path", serde_json::json!(model)),
+        ("host", serde_json::json!("0.0.0.0")),
+        ("port", serde_json::json!(30000)),
+        ("tp_size", serde_json::json!(1)),
+        ("pp_size", serde_json::json!(1)),
+        ("dp_size", serde_json::json!(1)),
+        ("context_length", serde_json::json!(256)),
+        ("device", serde_json::json!("cpu")),
+        ("dtype", serde_json::json!("float32")),
+        ("key_in_environment", serde_json::json!(true)),
+        ("cmdlines_holding_the_key", serde_json::json!([])),
+    ] {
+        assert_eq!(record[field], want, "{field} in {record}");
+    }
 
     // Two steps, every rollout rewarded.
     let run = site.path(&format!("runs/arena-local/{trial}"));
