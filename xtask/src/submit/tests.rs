@@ -361,12 +361,6 @@ fn each_invalid_variable_is_one_line_naming_it() {
             Some("6"),
             "N_GPUS_PER_NODE=6 does not fit the rollout layout sglang:d4p1t2: 4 replicas do not fill whole nodes of 3",
         ),
-        // Without GPUs a replica is one CPU process: a layout of several GPUs a replica does not fit.
-        (
-            "N_GPUS_PER_NODE",
-            Some("0"),
-            "N_GPUS_PER_NODE=0 does not fit the rollout layout sglang:d4p1t2 (4 replicas of 2 GPUs each)",
-        ),
     ];
     for (name, value, want) in cases {
         check(Grpo, &[(name, *value)], &[], &[want]);
