@@ -28,7 +28,7 @@ pub(crate) use profile::Profile;
 pub(crate) use validate::{Launch, Problems};
 
 /// `cargo xtask submit [--check-arena | --print-profile | --rollout-only N | --eval --checkpoint DIR ...]
-/// [--profile local|grpo|flash-v3] [--dry-run] [overrides...]`
+/// [--profile local|grpo|flash-v3|multinode-cpu] [--dry-run] [overrides...]`
 #[derive(Debug, clap::Args)]
 pub(crate) struct SubmitArgs {
     /// Run only the controller's Arena preflight (writes preflight.json), not the training job.
