@@ -658,6 +658,25 @@ fn actor_layouts_place_the_fsdp2_worker_on_whole_trainer_nodes() {
         ],
     );
 
+    check(
+        Profile::Grpo,
+        &[
+            ("ROLLOUT_LAYOUT", Some("burn:d8")),
+            ("SGLANG_LAUNCHER", Some("python3 launch.py")),
+        ],
+        &[],
+        &[
+            "SGLANG_LAUNCHER is set ('python3 launch.py'), but the rollout layout starts no SGLang server: it runs arena-rl serve-policy replicas (a burn: layout); unset SGLANG_LAUNCHER or set ROLLOUT_LAYOUT=sglang:dDtTpP",
+        ],
+    );
+    check(
+        Profile::Local,
+        &[("SGLANG_LAUNCHER", Some("python3 launch.py"))],
+        &[],
+        &[
+            "SGLANG_LAUNCHER is set ('python3 launch.py'), but the rollout layout starts no SGLang server: it runs the policy in the trainer's process (in-process); unset SGLANG_LAUNCHER or set ROLLOUT_LAYOUT=sglang:dDtTpP",
+        ],
+    );
     let site = Site::new();
     let placed = |profile, changes: &[Change<'_>]| {
         let l = site.launch(profile, Mode::Submit, changes, &[]).expect("valid");

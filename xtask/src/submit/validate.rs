@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::Mode;
 use super::env::{Ctx, Env};
-use super::profile::{self, Knobs, Placement, Profile};
+use super::profile::{self, Knobs, Placement, Profile, Serving};
 
 /// Problems found in the launch environment, one line each.
 #[derive(Debug, Default)]
@@ -381,6 +381,18 @@ pub(crate) fn validate(
         ));
     }
 
+    // A launcher that nothing would run is a mistake in the submission, not a setting to ignore.
+    if let (Some(v), Some(pl)) = (env.get("SGLANG_LAUNCHER"), &placement)
+        && !matches!(pl.serving, Serving::Sglang { .. })
+    {
+        let what = match pl.serving {
+            Serving::Burn => "arena-rl serve-policy replicas (a burn: layout)",
+            _ => "the policy in the trainer's process (in-process)",
+        };
+        p.push(format!(
+            "SGLANG_LAUNCHER is set ('{v}'), but the rollout layout starts no SGLang server: it runs {what}; unset SGLANG_LAUNCHER or set ROLLOUT_LAYOUT=sglang:dDtTpP"
+        ));
+    }
     let sglang_launcher = match env.get("SGLANG_LAUNCHER") {
         Some(v) => {
             let words: Vec<String> = v.split_ascii_whitespace().map(String::from).collect();
