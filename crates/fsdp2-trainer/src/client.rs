@@ -292,10 +292,22 @@ impl Client {
 
     /// `publish`: the current weights as a Hugging Face folder at `path`.
     pub fn publish(&self, path: &Path, dtype: Dtype, watch: &mut dyn Watch) -> Result<PublishResult> {
+        self.publish_sharded(path, dtype, None, watch)
+    }
+
+    /// `publish` in shards of at most `max_shard_bytes` (the worker's 4 GiB when `None`).
+    pub fn publish_sharded(
+        &self,
+        path: &Path,
+        dtype: Dtype,
+        max_shard_bytes: Option<u64>,
+        watch: &mut dyn Watch,
+    ) -> Result<PublishResult> {
         let request = PublishRequest {
             protocol: PROTOCOL,
             path: path.to_path_buf(),
             dtype,
+            max_shard_bytes,
         };
         self.call("publish", &request, None, watch)
     }

@@ -258,6 +258,17 @@ impl Worker {
         self.client.publish(path, dtype, &mut self.group)
     }
 
+    /// See [`Client::publish_sharded`].
+    pub fn publish_sharded(
+        &mut self,
+        path: &Path,
+        dtype: Dtype,
+        max_shard_bytes: Option<u64>,
+    ) -> Result<PublishResult> {
+        self.client
+            .publish_sharded(path, dtype, max_shard_bytes, &mut self.group)
+    }
+
     /// See [`Client::save`].
     pub fn save(&mut self, path: &Path) -> Result<SaveResult> {
         self.client.save(path, &mut self.group)

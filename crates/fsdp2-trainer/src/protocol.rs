@@ -181,6 +181,9 @@ pub struct PublishRequest {
     /// The folder to write, inside the run folder.
     pub path: PathBuf,
     pub dtype: Dtype,
+    /// The most bytes one safetensors file holds; absent, the worker's 4 GiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_shard_bytes: Option<u64>,
 }
 
 /// `publish`'s result.

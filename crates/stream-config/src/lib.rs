@@ -48,7 +48,7 @@ mod yaml;
 
 pub use env::Env;
 pub use error::{Error, Problem, Problems, Result};
-pub use load::{ENV_PREFIX, REFERENCE_ENV_VARS, load_run_config, load_run_config_str};
+pub use load::{ENV_PREFIX, REFERENCE_ENV_VARS, load_run_config, load_run_config_str, user_sets};
 pub use projection::{Projection, project_streams, render_streams_yaml};
 pub use redact::{
     MIN_SUBSTRING_LEN, REDACTED, SECRET_ENV_VARS, Secrets, is_secret_env_name, is_sensitive_key, redact,

@@ -55,6 +55,37 @@ pub fn load_run_config_str(name: &str, text: &str, overrides: &[String], env: &E
     finish(vec![layer.layer], overrides, env)
 }
 
+/// Whether the user chose `key` (dotted, `actor.lr`): the config at `path` or a file it `extends:`, the
+/// environment or `overrides` sets it, as opposed to the schema's default. Launchers use it to apply a default
+/// of their own only where the user set nothing.
+pub fn user_sets(path: &Path, overrides: &[String], env: &Env, key: &str) -> Result<bool> {
+    let mut layers = file_layers(path)?;
+    layers.push(env_layer(env)?);
+    layers.push(override_layer(overrides)?);
+    let figment = layers
+        .iter()
+        .fold(Figment::new(), |f, l| f.merge(LayerProvider(l)));
+    let dict = default_dict(&figment)?;
+    let mut parts = key.split('.');
+    let Some(first) = parts.next() else {
+        return Ok(false);
+    };
+    let mut at = match dict.get(first) {
+        Some(v) => v,
+        None => return Ok(false),
+    };
+    for part in parts {
+        match at {
+            Value::Dict(_, inner) => match inner.get(part) {
+                Some(v) => at = v,
+                None => return Ok(false),
+            },
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 /// The files' merged tree, with `extends:` resolved and nothing else applied (for projection).
 pub(crate) fn merged_files(path: &Path) -> Result<(Dict, Vec<Layer>)> {
     let layers = file_layers(path)?;

@@ -75,9 +75,12 @@ pub struct RunConfig {
 pub struct ClusterConfig {
     /// Root directory for logs, checkpoints and audit shards; must be visible to every node.
     pub fileroot: String,
-    /// Number of nodes the run uses.
+    /// Number of nodes the run uses (what a launcher allocates: `cargo xtask submit` sets it from its layout
+    /// and refuses an override that would contradict the allocation).
     pub n_nodes: u32,
-    /// GPUs per node (0 runs on CPUs).
+    /// GPUs per node: the CUDA devices `actor.device` and `model.device` may name (`cuda:N` with N below
+    /// it), and the most FSDP2 ranks a node runs on GPUs (`actor.fsdp2.nproc_per_node`); 0 is a node without
+    /// GPUs, where both devices must be `cpu`.
     pub n_gpus_per_node: u32,
 }
 
@@ -594,6 +597,41 @@ fn check_eval_streams(names: &[String], streams: &[StreamConfig], path: &KeyPath
     }
 }
 
+impl RunConfig {
+    /// `cluster.n_gpus_per_node` bounds the GPUs the run names: each CUDA device must be one of the node's,
+    /// and FSDP2 on GPUs runs at most one rank a GPU.
+    fn check_gpus(&self, root: &KeyPath, c: &mut Collector) {
+        let gpus = self.cluster.n_gpus_per_node;
+        let index = |device: &str| -> Option<u64> {
+            match device {
+                "cuda" => Some(0),
+                d => d.strip_prefix("cuda:")?.parse().ok(),
+            }
+        };
+        for (section, device) in [("actor", &self.actor.device), ("model", &self.model.device)] {
+            if let Some(i) = index(device)
+                && i >= u64::from(gpus)
+            {
+                c.push(
+                    root.key(section).key("device"),
+                    format!(
+                        "{device:?} is not one of the node's GPUs: cluster.n_gpus_per_node is {gpus}{}",
+                        if gpus == 0 { " (use cpu)" } else { "" }
+                    ),
+                );
+            }
+        }
+        let ranks = self.actor.fsdp2.nproc_per_node;
+        if self.actor.backend == TrainerBackend::Fsdp2 && index(&self.actor.device).is_some() && ranks > gpus
+        {
+            c.push(
+                root.key("actor").key("fsdp2").key("nproc_per_node"),
+                format!("{ranks} ranks of one GPU each do not fit the node's {gpus} GPUs (cluster.n_gpus_per_node)"),
+            );
+        }
+    }
+}
+
 /// Checks a device setting (`cpu`, `cuda` or `cuda:N`); returns whether it names a CUDA device.
 pub(crate) fn check_device(device: &str, path: KeyPath, c: &mut Collector) -> bool {
     let cuda = device == "cuda"
@@ -653,6 +691,7 @@ impl RunConfig {
         if self.cluster.n_nodes == 0 {
             c.push(root.key("cluster").key("n_nodes"), "must be >= 1, got 0");
         }
+        self.check_gpus(&root, &mut c);
 
         let g = root.key("gconfig");
         if self.gconfig.n_samples == 0 {

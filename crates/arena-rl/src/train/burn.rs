@@ -20,13 +20,19 @@ use crate::run::settings;
 pub(crate) enum Publish {
     /// Swapped into the in-process policy.
     InMemory,
-    /// Written as a Hugging Face folder under this directory for policy servers to load; the newest `keep`
-    /// folders are kept.
-    OnDisk { dir: PathBuf, keep: usize },
+    /// Written as a Hugging Face folder under this directory for policy servers to load, in `dtype`, in shards
+    /// of at most `shard_bytes` with an index (one file when `None`); the newest `keep` folders are kept.
+    OnDisk {
+        dir: PathBuf,
+        keep: usize,
+        dtype: SaveDtype,
+        shard_bytes: Option<u64>,
+    },
 }
 
 impl Publish {
-    /// Where a run config's new weights go: on disk under `<run dir>/weights` for policy servers.
+    /// Where a run config's new weights go: on disk under `<run dir>/weights` for policy servers, in
+    /// `rollout.weights_dtype` (f32 by default) and `rollout.weights_shard_bytes` (one file by default).
     pub(crate) fn of(config: &RunConfig, run_dir: &Path) -> Self {
         if config.rollout.policy_servers.is_empty() {
             Self::InMemory
@@ -34,6 +40,11 @@ impl Publish {
             Self::OnDisk {
                 dir: run_dir.join("weights"),
                 keep: 2,
+                dtype: match config.rollout.weights_dtype.as_deref() {
+                    Some("bf16") => SaveDtype::Bf16,
+                    _ => SaveDtype::F32,
+                },
+                shard_bytes: config.rollout.weights_shard_bytes,
             }
         }
     }
@@ -72,7 +83,14 @@ impl BurnEngine {
     }
 
     /// Writes the current weights as a Hugging Face folder for the policy servers, keeping the newest few.
-    fn publish_to_disk(&self, trainer: &Trainer, dir: &Path, keep: usize) -> Result<PathBuf> {
+    fn publish_to_disk(
+        &self,
+        trainer: &Trainer,
+        dir: &Path,
+        keep: usize,
+        dtype: SaveDtype,
+        shard_bytes: Option<u64>,
+    ) -> Result<PathBuf> {
         let out = dir.join(format!("step-{}", trainer.steps()));
         let tmp = dir.join(format!(".step-{}.tmp", trainer.steps()));
         let _ = std::fs::remove_dir_all(&tmp);
@@ -80,8 +98,8 @@ impl BurnEngine {
             &tmp,
             trainer.model_config(),
             &trainer.weights(),
-            SaveDtype::F32,
-            None,
+            dtype,
+            shard_bytes,
         )
         .with_context(|| format!("cannot save weights to {}", tmp.display()))?;
         trainer::ModelFolder::open(&self.model_dir)
@@ -144,7 +162,12 @@ impl TrainEngine for BurnEngine {
         let trainer = self.trainer.as_ref().ok_or_else(not_begun)?;
         Ok(match &self.publish {
             Publish::InMemory => NewWeights::InMemory(trainer.weights()),
-            Publish::OnDisk { dir, keep } => NewWeights::OnDisk(self.publish_to_disk(trainer, dir, *keep)?),
+            Publish::OnDisk {
+                dir,
+                keep,
+                dtype,
+                shard_bytes,
+            } => NewWeights::OnDisk(self.publish_to_disk(trainer, dir, *keep, *dtype, *shard_bytes)?),
         })
     }
 

@@ -48,6 +48,10 @@ pub struct Fsdp2Engine {
     warmup_steps_proportion: f64,
     settings: Fsdp2Config,
     param_dtype: Dtype,
+    /// What `publish` writes: `rollout.weights_dtype`, or the parameter dtype when it is null.
+    publish_dtype: Dtype,
+    /// `rollout.weights_shard_bytes` (the worker's 4 GiB when null).
+    publish_shard_bytes: Option<u64>,
     activation_checkpointing: bool,
     seed: u64,
     key: SecretString,
@@ -89,17 +93,24 @@ impl Fsdp2Engine {
         let run_dir = run_dir
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", run_dir.display()))?;
+        let param_dtype = if config.actor.bf16_autocast {
+            Dtype::Bf16
+        } else {
+            Dtype::F32
+        };
         Ok(Self {
             model_dir: PathBuf::from(&config.model.path),
             run_dir,
             config: settings::train_config(config),
             warmup_steps_proportion: config.actor.warmup_steps_proportion,
             settings: config.actor.fsdp2.clone(),
-            param_dtype: if config.actor.bf16_autocast {
-                Dtype::Bf16
-            } else {
-                Dtype::F32
+            param_dtype,
+            publish_dtype: match config.rollout.weights_dtype.as_deref() {
+                Some("bf16") => Dtype::Bf16,
+                Some(_) => Dtype::F32,
+                None => param_dtype,
             },
+            publish_shard_bytes: config.rollout.weights_shard_bytes,
             activation_checkpointing: config.actor.recompute_layers,
             // The worker draws no random numbers in a step (no dropout, deterministic packing); the seed is for
             // anything it may add.
@@ -314,10 +325,10 @@ impl TrainEngine for Fsdp2Engine {
     fn weights(&mut self) -> Result<NewWeights> {
         let dir = self.run_dir.join("weights");
         let out = dir.join(format!("step-{}", self.steps));
-        let dtype = self.param_dtype;
+        let (dtype, shard_bytes) = (self.publish_dtype, self.publish_shard_bytes);
         let (client, watch) = self.connection()?.parts();
         let published = client
-            .publish(&out, dtype, watch)
+            .publish_sharded(&out, dtype, shard_bytes, watch)
             .with_context(|| format!("publishing the fsdp2 trainer's weights to {}", out.display()))?;
         keep_newest(&dir, 2)?;
         Ok(NewWeights::OnDisk(published.path))

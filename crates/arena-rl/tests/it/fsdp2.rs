@@ -369,9 +369,17 @@ fn parity(arch: &str, config: TrainConfig, nproc: u32) {
             .into_iter()
             .map(|p| format!("sft step 3: {p}")),
     );
+    // Shards of at most one byte: every tensor a file of its own, all named in the index.
     let published = worker
-        .publish(&run.join("weights/step-4"), Dtype::F32)
+        .publish_sharded(&run.join("weights/step-4"), Dtype::F32, Some(1))
         .expect("publish");
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(published.path.join("model.safetensors.index.json")).expect("an index"),
+    )
+    .expect("index JSON");
+    let map = index["weight_map"].as_object().expect("a weight map");
+    let files: std::collections::BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
+    assert_eq!(files.len(), map.len(), "{arch}: one tensor a shard");
     let (worst, name) = weights_diff(&burn.weights(), &published.path);
     eprintln!(
         "{arch} at world size {nproc}: weights after 4 steps differ by at most {worst:e} relative L2 ({name}); {:.1} s",

@@ -130,12 +130,13 @@ async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkp
             "rollout.policy_servers=[http://127.0.0.1:9]".to_string(),
         ]
     };
-    let run = |steps: &'static str| {
-        let o = overrides(steps);
+    let run = |steps: &'static str, extra: &[&str]| {
+        let mut o = overrides(steps);
+        o.extend(extra.iter().map(|s| s.to_string()));
         let refs: Vec<&str> = o.iter().map(String::as_str).collect();
         config(&sim.base_url(), root.path(), &model, &refs)
     };
-    let first = run("2");
+    let first = run("2", &[]);
     let run_dir = arena_rl::run::RunPaths::of(&first).run_dir;
     let summary = train(
         first.clone(),
@@ -194,8 +195,15 @@ async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkp
     assert_eq!(meta.journal_segment, 2);
     assert_eq!(journal_files(), ["journal-w0.000002.jsonl"]);
 
-    // A second run with more steps resumes from it and continues the same optimiser.
-    let second = run("3");
+    // A second run with more steps resumes from it and continues the same optimiser, and publishes as the GPU
+    // profiles do: bf16, in shards with an index (1 MiB here: the tied embedding alone is 1.5 MiB in bf16).
+    let second = run(
+        "3",
+        &[
+            "rollout.weights_dtype=bf16",
+            "rollout.weights_shard_bytes=1048576",
+        ],
+    );
     let summary = train(
         second.clone(),
         &env(),
@@ -215,6 +223,50 @@ async fn the_loop_trains_with_grpo_publishes_to_disk_and_resumes_from_its_checkp
         saved_steps(&ckpt) >= optimiser_steps,
         "the optimiser continued from the checkpoint"
     );
+    let newest = std::fs::read_dir(run_dir.join("weights"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n = e
+                .file_name()
+                .to_string_lossy()
+                .strip_prefix("step-")?
+                .parse::<u64>()
+                .ok()?;
+            Some((n, e.path()))
+        })
+        .max()
+        .expect("weights were published")
+        .1;
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(newest.join("model.safetensors.index.json")).unwrap()).unwrap();
+    let shards: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        shards.into_iter().collect::<Vec<_>>(),
+        [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors"
+        ]
+    );
+    assert!(!newest.join("model.safetensors").exists());
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(newest.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["dtype"], "bfloat16");
+    let loaded = Weights::load_dir(&newest).unwrap();
+    assert_eq!(loaded.len(), initial.len());
+    for name in loaded.names() {
+        let data = &loaded.get(name).unwrap().data;
+        assert!(
+            // A bf16 value is an f32 whose low 16 bits are zero.
+            data.iter().all(|x| x.to_bits() & 0xffff == 0),
+            "{name} holds values bf16 cannot"
+        );
+    }
     assert_eq!(sim.counters().live_routes, 0);
 }
 

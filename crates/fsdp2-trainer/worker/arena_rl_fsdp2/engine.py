@@ -588,9 +588,10 @@ class Engine:
                 continue
             yield hf, t
 
-    def publish(self, path, dtype, progress=None):
-        """`publish`: a Hugging Face folder in `dtype` (sharded safetensors, index, config, tokenizer files),
-        written under `<path>.tmp` and renamed; rank 0 writes, every rank gathers."""
+    def publish(self, path, dtype, progress=None, max_shard_bytes=None):
+        """`publish`: a Hugging Face folder in `dtype` (safetensors shards of at most `max_shard_bytes`,
+        default SHARD_BYTES, with an index; config, tokenizer files), written under `<path>.tmp` and renamed;
+        rank 0 writes, every rank gathers."""
         from safetensors.torch import save_file
 
         self._need_ready()
@@ -603,7 +604,7 @@ class Engine:
         shards, cur, cur_bytes = [], [], 0
         for name, t in items:
             nbytes = t.numel() * size
-            if cur and cur_bytes + nbytes > SHARD_BYTES:
+            if cur and cur_bytes + nbytes > (max_shard_bytes or SHARD_BYTES):
                 shards.append(cur)
                 cur, cur_bytes = [], 0
             cur.append(name)

@@ -86,7 +86,7 @@ def run_command(engine, cmd, progress=None):
         elif call == "step":
             res = engine.step(req["kind"], req["batch"], req["step"], progress, dump_gradients=req.get("dump_gradients"))
         elif call == "publish":
-            res = engine.publish(req["path"], req.get("dtype", "bf16"), progress)
+            res = engine.publish(req["path"], req.get("dtype", "bf16"), progress, req.get("max_shard_bytes"))
         elif call == "save":
             res = engine.save(req["path"], progress)
         elif call == "load":
@@ -211,7 +211,13 @@ class Worker:
             dtype = req.get("dtype", "bf16")
             if dtype not in ("bf16", "f32"):
                 raise WorkerError("config", f"publish dtype must be bf16 or f32, got {dtype!r}")
-            return self.new_op("publish", {"call": "publish", "req": {"path": inside(self.run_dir, req.get("path")), "dtype": dtype}})
+            clean = {"path": inside(self.run_dir, req.get("path")), "dtype": dtype}
+            shard = req.get("max_shard_bytes")
+            if shard is not None:
+                if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1:
+                    raise WorkerError("config", f"publish max_shard_bytes must be a positive integer, got {shard!r}")
+                clean["max_shard_bytes"] = shard
+            return self.new_op("publish", {"call": "publish", "req": clean})
         if call in ("save", "load"):
             path = inside(self.run_dir, req.get("path"))
             if call == "load" and not os.path.isfile(os.path.join(path, "trainer.json")):

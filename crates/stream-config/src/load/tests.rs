@@ -564,3 +564,29 @@ mod arbitrary_input {
         }
     }
 }
+
+#[test]
+fn user_sets_tells_a_key_the_user_chose_from_a_schema_default() {
+    let dir = Dir::new(&[
+        (
+            "base.yaml",
+            "experiment_name: e\ntrial_name: t\nactor: {lr: 2.0e-6}\n",
+        ),
+        ("top.yaml", "extends: base.yaml\ngconfig: {n_samples: 4}\n"),
+        ("bare.yaml", NAMES),
+    ]);
+    let sets = |file: &str, overrides: &[&str], env: &Env, key: &str| {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        user_sets(&dir.path(file), &overrides, env, key).unwrap()
+    };
+    // Through `extends:`, one level down and in a sibling section.
+    assert!(sets("top.yaml", &[], &no_env(), "actor.lr"));
+    assert!(!sets("top.yaml", &[], &no_env(), "checkpoint.save_every"));
+    assert!(!sets("top.yaml", &[], &no_env(), "actor.lr.deeper"));
+    // The schema's defaults are not the user's choice; an override or an ARENA_RL_ variable is.
+    assert!(!sets("bare.yaml", &[], &no_env(), "actor.lr"));
+    assert!(sets("bare.yaml", &["actor.lr=1e-6"], &no_env(), "actor.lr"));
+    let env = Env::from_pairs([("ARENA_RL_CHECKPOINT__SAVE_EVERY", "5")]);
+    assert!(sets("bare.yaml", &[], &env, "checkpoint.save_every"));
+    assert!(!sets("bare.yaml", &[], &env, "actor.lr"));
+}

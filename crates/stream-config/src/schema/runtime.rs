@@ -174,6 +174,15 @@ pub struct RolloutSection {
     /// Seconds to wait for every policy server's `/health` to answer 200 before the run starts (a server
     /// answers 503 while it loads its model).
     pub policy_server_ready_timeout_seconds: Seconds,
+    /// The element type of the weights published to the policy servers after each step: `f32` or `bf16`
+    /// (half the bytes every server reads, the dtype SGLang serves in). Null (the default) is the trainer's
+    /// own: f32 for burn, the FSDP2 worker's parameter dtype (bf16 under `actor.bf16_autocast`).
+    pub weights_dtype: Option<String>,
+    /// The most bytes one safetensors file of the published weights holds: larger weights are written as
+    /// shards with `model.safetensors.index.json`, as Hugging Face publishes them. Null (the default) is the
+    /// trainer's own: one file for burn, 4 GiB shards for the FSDP2 worker. A tensor larger than this is a
+    /// shard of its own.
+    pub weights_shard_bytes: Option<u64>,
     /// Rollout workers the rows are sharded across.
     pub n_workers: u32,
     /// This process's worker index, in `0..n_workers`.
@@ -195,6 +204,8 @@ impl Default for RolloutSection {
             policy_servers: Vec::new(),
             policy_server_pause_mode: "retract".into(),
             policy_server_ready_timeout_seconds: Seconds::of(300.0),
+            weights_dtype: None,
+            weights_shard_bytes: None,
             n_workers: 1,
             worker_index: 0,
             journal_dir: String::new(),
@@ -388,6 +399,20 @@ impl RolloutSection {
         }
         self.policy_server_ready_timeout_seconds
             .check(c, path.key("policy_server_ready_timeout_seconds"));
+        if let Some(dtype) = &self.weights_dtype
+            && !["f32", "bf16"].contains(&dtype.as_str())
+        {
+            c.push(
+                path.key("weights_dtype"),
+                format!("must be f32, bf16 or null, got {dtype:?}"),
+            );
+        }
+        if self.weights_shard_bytes == Some(0) {
+            c.push(
+                path.key("weights_shard_bytes"),
+                "must be at least 1 or null, got 0",
+            );
+        }
         if !["abort", "retract", "in_place"].contains(&self.policy_server_pause_mode.as_str()) {
             c.push(
                 path.key("policy_server_pause_mode"),

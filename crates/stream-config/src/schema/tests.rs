@@ -857,3 +857,39 @@ fn the_fsdp2_backend_refuses_what_it_cannot_honour_by_name() {
     override `actor.fsdp2.attach=nowhere`: actor.fsdp2.attach: must be HOST:PORT, got "nowhere"
     "#);
 }
+
+#[test]
+fn the_gpus_a_run_names_are_among_its_nodes() {
+    // The defaults (8 GPUs a node) take any of the first eight, and a CPU run on a GPU node.
+    assert!(loop_problems(&["actor.device=cuda:7", "model.device=cuda"]).is_empty());
+    assert!(loop_problems(&["cluster.n_gpus_per_node=0"]).is_empty());
+    assert_eq!(
+        loop_problems(&["cluster.n_gpus_per_node=0", "actor.device=cuda"]),
+        [
+            r#"override `actor.device=cuda`: actor.device: "cuda" is not one of the node's GPUs: cluster.n_gpus_per_node is 0 (use cpu)"#
+        ]
+    );
+    assert_eq!(
+        loop_problems(&["cluster.n_gpus_per_node=2", "model.device=cuda:2"]),
+        [
+            r#"override `model.device=cuda:2`: model.device: "cuda:2" is not one of the node's GPUs: cluster.n_gpus_per_node is 2"#
+        ]
+    );
+    // FSDP2 on GPUs runs one rank a GPU; on the CPU any number of ranks share it.
+    let fsdp2 = |device: &str, ranks: &str| {
+        loop_problems(&[
+            "cluster.n_gpus_per_node=4",
+            "actor.backend=fsdp2",
+            &format!("actor.device={device}"),
+            &format!("actor.fsdp2.nproc_per_node={ranks}"),
+        ])
+    };
+    assert!(fsdp2("cuda", "4").is_empty());
+    assert!(fsdp2("cpu", "8").is_empty());
+    let problems = fsdp2("cuda", "8");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].ends_with("actor.fsdp2.nproc_per_node: 8 ranks of one GPU each do not fit the node's 4 GPUs (cluster.n_gpus_per_node)"),
+        "{problems:?}"
+    );
+}
