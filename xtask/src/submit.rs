@@ -7,6 +7,7 @@
 //! Everything else (preflight, training, serving) is the `arena-rl` binary's, run by the scripts.
 //! Credentials never pass through here: the scripts name the credentials file, and the jobs source it.
 
+mod defaults;
 mod env;
 mod eval;
 mod fit;
@@ -60,7 +61,7 @@ pub(crate) struct SubmitArgs {
     /// With --eval: evaluate every row of these Streams (comma-separated names).
     #[arg(long, value_name = "NAME,NAME", requires = "eval", value_delimiter = ',')]
     streams: Vec<String>,
-    /// Print the profile's eleven key=value lines and exit, touching nothing.
+    /// Print the profile's thirteen key=value lines and exit, touching nothing.
     #[arg(long, conflicts_with = "dry_run")]
     print_profile: bool,
     /// Launch profile; its config is examples/configs/<profile>.yaml unless CONFIG_PATH says otherwise.
@@ -144,11 +145,25 @@ pub(crate) fn run(args: SubmitArgs) -> Result<()> {
     };
     launch.apply_config(&config);
     // `--check-arena` and `--eval` train nothing, so the trainer's state need not fit.
-    if mode == Mode::Submit
-        && launch.eval.is_none()
-        && let Err(problems) = fit::check(&launch, &config)
-    {
-        fail(&problems);
+    let parameters = if mode == Mode::Submit && launch.eval.is_none() {
+        match fit::check(&launch, &config) {
+            Ok(parameters) => Some(parameters),
+            Err(problems) => fail(&problems),
+        }
+    } else {
+        None
+    };
+    let config_env = config_env(&launch, &env);
+    let user_sets = |key: &str| {
+        // A config that loaded once loads again; were it not to, the user's value is assumed.
+        stream_config::user_sets(&launch.config, &launch.overrides, &config_env, key).unwrap_or(true)
+    };
+    launch.run_defaults = defaults::resolve(&launch, &user_sets, parameters);
+    for chosen in &launch.run_defaults {
+        eprintln!(
+            "xtask: {} ({}; set it in your config to choose another)",
+            chosen.arg, chosen.why
+        );
     }
     let scripts = render::render(&launch);
     if args.dry_run {
@@ -183,10 +198,15 @@ fn fail(problems: &Problems) -> ! {
 /// the values the scripts export), so a broken config or override fails here rather than in the queue.
 ///
 /// Returns the loaded config, which is the one `arena-rl train` will run with.
-pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<stream_config::RunConfig, Problems> {
+/// The environment the job's `arena-rl train` reads the config with: this one and the launch's variables.
+fn config_env(l: &Launch, env: &Env) -> stream_config::Env {
     let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     vars.extend(render::launch_env(l).into_iter().map(|(k, v)| (k.to_string(), v)));
-    let config_env = stream_config::Env::from_pairs(vars);
+    stream_config::Env::from_pairs(vars)
+}
+
+pub(crate) fn check_config(l: &Launch, env: &Env) -> Result<stream_config::RunConfig, Problems> {
+    let config_env = config_env(l, env);
     let mut overrides = render::profile_overrides(l);
     overrides.extend(l.overrides.iter().cloned());
     match stream_config::load_run_config(&l.config, &overrides, &config_env) {

@@ -35,8 +35,9 @@ struct Fsdp2Estimate {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// Checks that the trainer loads `MODEL_PATH` and that one step fits a GPU; one line per problem.
-pub(crate) fn check(l: &Launch, config: &stream_config::RunConfig) -> Result<(), Problems> {
+/// Checks that the trainer loads `MODEL_PATH` and that one step fits a GPU, and returns the model's parameter
+/// count; one line per problem.
+pub(crate) fn check(l: &Launch, config: &stream_config::RunConfig) -> Result<u64, Problems> {
     let mut problems = Problems::default();
     let tokens = config.actor.max_tokens_per_mb;
     let mut command = Command::new(&l.bin);
@@ -140,7 +141,7 @@ pub(crate) fn check(l: &Launch, config: &stream_config::RunConfig) -> Result<(),
         }
     }
     if problems.len() == 0 {
-        Ok(())
+        Ok(estimate.parameters)
     } else {
         Err(problems)
     }

@@ -2,7 +2,7 @@
 //! token-length rules, `local` (one node, no GPU) and `multinode-cpu` (the `local` run with its policy served
 //! by a `serve-policy` replica on a second node, no GPU).
 //!
-//! A profile fixes eleven knobs (what `--print-profile` prints) and the placement of `arena-rl` roles on the GPU
+//! A profile fixes thirteen knobs (what `--print-profile` prints) and the placement of `arena-rl` roles on the GPU
 //! job's nodes. The knobs reach the run config as dotted overrides on the `arena-rl train` command line.
 
 use super::env::Env;
@@ -67,7 +67,7 @@ pub(crate) const FLASH_V3_TOPOLOGY: [(u32, &str, &str); 4] = [
     (16, "megatron:(attn:d4p2t2c8|ffn:d8p2e8)", "sglang:d32t4p1"),
 ];
 
-/// The eleven knobs of a profile, as `--print-profile` prints them.
+/// The thirteen knobs of a profile, as `--print-profile` prints them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Knobs {
     /// Nodes: the reference's count (`N_NODES` for Flash V3) until `--print-profile` replaces it with what
@@ -90,10 +90,56 @@ pub(crate) struct Knobs {
     /// Memory of one GPU of the job's nodes (`GPU_MEMORY_GIB`; 80, an H100's, on GPU profiles; 0 on `local`):
     /// the limit `cargo xtask submit` holds the trainer's per-GPU estimate to.
     pub(crate) gpu_memory_gib: u32,
+    /// The AdamW learning rate (`actor.lr`): `LEARNING_RATE`, or the profile's default (module
+    /// [`super::defaults`]).
+    pub(crate) lr: Pick<Lr>,
+    /// Steps between checkpoints (`checkpoint.save_every`): `CHECKPOINT_EVERY`, or the profile's default.
+    pub(crate) checkpoint_every: Pick<u64>,
+}
+
+/// A run setting the reference leaves to the config, as a profile passes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Pick<T> {
+    /// Nothing is passed: the run config's value stands (CPU profiles).
+    Config,
+    /// The profile's default: passed unless the user's config (its files, `ARENA_RL_` variables or
+    /// overrides) sets the key.
+    Default(T),
+    /// Its environment variable: passed over the config file, as the other knobs are.
+    Set(T),
+}
+
+impl<T: std::fmt::Display> std::fmt::Display for Pick<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pick::Config => f.write_str("config"),
+            Pick::Default(v) | Pick::Set(v) => v.fmt(f),
+        }
+    }
+}
+
+/// A learning rate as a profile passes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Lr {
+    /// By the model's parameter count, which `cargo xtask submit` reads from the trainer's estimate
+    /// ([`super::defaults::learning_rate`]).
+    BySize,
+    /// This rate, as written (a positive decimal or `1e-6` form).
+    Rate(String),
+}
+
+impl std::fmt::Display for Lr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lr::BySize => f.write_str("by-model-size"),
+            Lr::Rate(r) => f.write_str(r),
+        }
+    }
 }
 
 impl Knobs {
-    /// The eleven `key=value` lines of `--print-profile`: the reference's ten, in its order, then the GPU memory.
+    /// The thirteen `key=value` lines of `--print-profile`: the reference's ten, in its order, then the GPU
+    /// memory, the learning rate and the steps between checkpoints (`config` where the run config decides).
     pub(crate) fn lines(&self) -> Vec<String> {
         vec![
             format!("nodes={}", self.nodes),
@@ -107,6 +153,8 @@ impl Knobs {
             format!("steps={}", self.steps),
             format!("concurrency={}", self.concurrency),
             format!("gpu_memory_gib={}", self.gpu_memory_gib),
+            format!("lr={}", self.lr),
+            format!("checkpoint_every={}", self.checkpoint_every),
         ]
     }
 }
@@ -146,8 +194,38 @@ pub(crate) fn knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Opt
             }
         },
     };
+    let lr = match env.get("LEARNING_RATE") {
+        None => Some(None),
+        Some(v) => match parse_rate(v) {
+            Some(_) => Some(Some(v.to_string())),
+            None => {
+                problems.push(format!(
+                    "LEARNING_RATE must be a number above 0 and at most 1, such as 1e-6 or 0.000003, got '{v}'"
+                ));
+                None
+            }
+        },
+    };
+    let checkpoint_every = match env.get("CHECKPOINT_EVERY") {
+        None => Some(None),
+        Some(_) => int_var(
+            problems,
+            env,
+            "CHECKPOINT_EVERY",
+            1,
+            1..=1_000_000,
+            "a number of steps from 1 to 1000000",
+        )
+        .map(Some),
+    };
     let mut knobs = profile_knobs(profile, env, problems)?;
     knobs.gpu_memory_gib = gib?;
+    if let Some(rate) = lr? {
+        knobs.lr = Pick::Set(Lr::Rate(rate));
+    }
+    if let Some(n) = checkpoint_every? {
+        knobs.checkpoint_every = Pick::Set(n);
+    }
     if let Some(layout) = layout? {
         knobs.actor = layout;
     }
@@ -165,6 +243,16 @@ pub(crate) enum ActorLayout {
     /// The FSDP2 worker (`actor.backend: fsdp2`) over this many data-parallel ranks, one a GPU (or CPU
     /// processes on nodes without GPUs).
     Fsdp2 { ranks: u32 },
+}
+
+/// A learning rate: a finite number above 0 and at most 1, in decimal or exponent form (`1e-6`, `3.0e-6`,
+/// `0.000003`); `None` otherwise.
+pub(crate) fn parse_rate(v: &str) -> Option<f64> {
+    let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b".eE-+".contains(&b));
+    match v.parse::<f64>() {
+        Ok(r) if plain && r.is_finite() && r > 0.0 && r <= 1.0 => Some(r),
+        _ => None,
+    }
 }
 
 /// Parses an actor layout: `burn`, `burn:cpu` or `burn:1gpu`, or `fsdp2:dN` with optional `p1` and `t1` (the
@@ -229,6 +317,8 @@ fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option
             steps: 2,
             concurrency: 4,
             gpu_memory_gib: 0,
+            lr: Pick::Config,
+            checkpoint_every: Pick::Config,
         }),
         // The same run with its policy on a second node: one `serve-policy` replica on the CPU, which the trainer
         // reaches over the network and publishes each update to, as an SGLang layout's servers are reached.
@@ -246,6 +336,8 @@ fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option
             steps: 2,
             concurrency: 4,
             gpu_memory_gib: 0,
+            lr: Pick::Config,
+            checkpoint_every: Pick::Config,
         }),
         Profile::Grpo => Some(Knobs {
             nodes: 2,
@@ -260,6 +352,8 @@ fn profile_knobs(profile: Profile, env: &Env, problems: &mut Problems) -> Option
             steps: 1,
             concurrency: 16,
             gpu_memory_gib: 0,
+            lr: Pick::Default(Lr::BySize),
+            checkpoint_every: Pick::Default(super::defaults::GPU_CHECKPOINT_EVERY),
         }),
         Profile::FlashV3 => flash_v3(env, problems),
     }
@@ -320,6 +414,9 @@ fn flash_v3(env: &Env, problems: &mut Problems) -> Option<Knobs> {
         steps: steps?,
         concurrency: concurrency?,
         gpu_memory_gib: 0,
+        // The seed article's Flash V3 run trains with Adam at 3e-6.
+        lr: Pick::Default(Lr::Rate(super::defaults::FLASH_V3_LR.into())),
+        checkpoint_every: Pick::Default(super::defaults::GPU_CHECKPOINT_EVERY),
     })
 }
 

@@ -122,6 +122,8 @@ pub(crate) fn profile_overrides(l: &Launch) -> Vec<String> {
     if let Some(d) = &l.dataset_config {
         o.push(format!("econfig.arena_streams_file={}", d.display()));
     }
+    o.extend(super::defaults::set_overrides(l));
+    o.extend(l.run_defaults.iter().map(|c| c.arg.clone()));
     o
 }
 

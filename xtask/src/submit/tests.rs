@@ -6,7 +6,7 @@ use std::process::Command;
 
 use super::profile::{self, Profile};
 use super::validate::{self, Launch, Problems};
-use super::{Ctx, Env, Mode, check_config, render};
+use super::{Ctx, Env, Mode, check_config, defaults, render};
 
 /// A shared filesystem as a cluster site has it: a checkout with a built binary, an image, a model directory,
 /// a file root, a credentials file and a streams file.
@@ -361,6 +361,31 @@ fn each_invalid_variable_is_one_line_naming_it() {
             Some("6"),
             "N_GPUS_PER_NODE=6 does not fit the rollout layout sglang:d4p1t2: 4 replicas do not fill whole nodes of 3",
         ),
+        (
+            "LEARNING_RATE",
+            Some("0"),
+            "LEARNING_RATE must be a number above 0 and at most 1, such as 1e-6 or 0.000003, got '0'",
+        ),
+        (
+            "LEARNING_RATE",
+            Some("1e-6 actor.lr=1"),
+            "LEARNING_RATE must be a number above 0 and at most 1, such as 1e-6 or 0.000003, got '1e-6 actor.lr=1'",
+        ),
+        (
+            "LEARNING_RATE",
+            Some("inf"),
+            "LEARNING_RATE must be a number above 0 and at most 1, such as 1e-6 or 0.000003, got 'inf'",
+        ),
+        (
+            "CHECKPOINT_EVERY",
+            Some("0"),
+            "CHECKPOINT_EVERY must be a number of steps from 1 to 1000000, got '0'",
+        ),
+        (
+            "CHECKPOINT_EVERY",
+            Some("ten"),
+            "CHECKPOINT_EVERY must be a number of steps from 1 to 1000000, got 'ten'",
+        ),
     ];
     for (name, value, want) in cases {
         check(Grpo, &[(name, *value)], &[], &[want]);
@@ -522,7 +547,7 @@ fn every_problem_is_reported_at_once() {
 }
 
 #[test]
-fn print_profile_prints_eleven_lines_with_the_flash_v3_rules() {
+fn print_profile_prints_thirteen_lines_with_the_flash_v3_rules() {
     let lines = |profile, vars: &[(&str, &str)]| {
         let env: Env = vars.iter().map(|(k, v)| (*k, *v)).collect();
         validate::profile_knobs(profile, &env)
@@ -535,6 +560,11 @@ fn print_profile_prints_eleven_lines_with_the_flash_v3_rules() {
         (Profile::Grpo, &[][..]),
         (Profile::FlashV3, &[][..]),
         (Profile::FlashV3, &[("N_NODES", "2")][..]),
+        (
+            Profile::Grpo,
+            &[("LEARNING_RATE", "2e-6"), ("CHECKPOINT_EVERY", "25")][..],
+        ),
+        (Profile::Local, &[("CHECKPOINT_EVERY", "5")][..]),
         (
             Profile::FlashV3,
             &[("N_NODES", "4"), ("CONTEXT_LENGTH", "65536")][..],
@@ -556,7 +586,7 @@ fn print_profile_prints_eleven_lines_with_the_flash_v3_rules() {
         ),
     ] {
         let out = lines(profile, vars).expect("valid knobs");
-        assert_eq!(out.lines().count(), 11, "{out}");
+        assert_eq!(out.lines().count(), 13, "{out}");
         all.push_str(&format!("# {} {vars:?}\n{out}\n", profile.name()));
     }
     insta::assert_snapshot!(all);
@@ -1653,5 +1683,127 @@ fn rollout_layouts_run_sglang_or_serve_policy_on_every_gpu_they_are_given() {
             .iter()
             .any(|o| o.starts_with("rollout.policy_server_ready")),
         "{overrides:?}"
+    );
+}
+
+/// The GPU profiles' run defaults (module `defaults`): the learning rate by model size (flash-v3's fixed
+/// 3e-6), a checkpoint every 10 steps, and bf16 weights in 4 GiB shards for the policy servers; each passed
+/// only where the user's config does not set its key, and loaded by the run config as the value it names.
+/// `LEARNING_RATE` and `CHECKPOINT_EVERY` pass over the config; CPU profiles and runs that train nothing get
+/// none.
+#[test]
+fn gpu_profiles_pass_run_defaults_where_the_users_config_sets_none() {
+    let site = Site::new();
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let env: Env = site.env().into_iter().collect();
+    let streams = site.root.join("streams.yaml");
+    write(
+        &streams,
+        "streams:\n  - name: alpha\n    stream_id: stream-a\n    harness: claude-code@1\n",
+    );
+    let launch = |profile: Profile, extra: &[Change]| {
+        let config = checkout.join(profile.default_config());
+        let mut changes = vec![("CONFIG_PATH", Some(config.to_str().expect("utf-8")))];
+        if profile == Profile::FlashV3 {
+            changes.push(("DATASET_CONFIG", Some(streams.to_str().expect("utf-8"))));
+        }
+        changes.extend(extra.iter().copied());
+        site.launch(profile, Mode::Submit, &changes, &[]).expect("valid")
+    };
+    let nothing_set = |_: &str| false;
+    let args = |l: &Launch| l.run_defaults.iter().map(|c| c.arg.clone()).collect::<Vec<_>>();
+    let weights = [
+        "rollout.weights_dtype=bf16".to_string(),
+        "rollout.weights_shard_bytes=4294967296".to_string(),
+    ];
+
+    // grpo, Qwen3-8B-sized: 1e-6, and the run config reads every default as its value.
+    let mut l = launch(Profile::Grpo, &[]);
+    l.run_defaults = defaults::resolve(&l, &nothing_set, Some(8_190_000_000));
+    let mut want = vec![
+        "actor.lr=1e-6".to_string(),
+        "checkpoint.save_every=10".to_string(),
+    ];
+    want.extend(weights.clone());
+    assert_eq!(args(&l), want);
+    let c = check_config(&l, &env).unwrap_or_else(|p| panic!("{}", p.lines().join("\n")));
+    assert_eq!(c.actor.lr, 1e-6);
+    assert_eq!(c.checkpoint.save_every, 10);
+    assert_eq!(c.rollout.weights_dtype.as_deref(), Some("bf16"));
+    assert_eq!(c.rollout.weights_shard_bytes, Some(4 << 30));
+    let train = render::render(&l).train;
+    for arg in &want {
+        assert!(
+            train.lines().any(|line| line.trim() == format!("{arg} \\")),
+            "{arg} not passed:\n{train}"
+        );
+    }
+    // A model below 3B parameters trains at 1e-5; a config that sets a key keeps its value.
+    l.run_defaults = defaults::resolve(&l, &nothing_set, Some(135_000_000));
+    assert_eq!(args(&l)[0], "actor.lr=1e-5");
+    let sets_lr_and_checkpoints = |key: &str| matches!(key, "actor.lr" | "checkpoint.save_every");
+    l.run_defaults = defaults::resolve(&l, &sets_lr_and_checkpoints, Some(135_000_000));
+    assert_eq!(args(&l), weights);
+    // Without the fit check's parameter count, no rate by size is passed.
+    l.run_defaults = defaults::resolve(&l, &nothing_set, None);
+    assert!(
+        !args(&l).iter().any(|a| a.starts_with("actor.lr=")),
+        "{:?}",
+        args(&l)
+    );
+
+    // flash-v3 (burn on one GPU, SGLang servers): its own 3e-6 whatever the size.
+    let mut l = launch(Profile::FlashV3, &[]);
+    l.run_defaults = defaults::resolve(&l, &nothing_set, Some(8_190_000_000));
+    let mut want = vec![
+        "actor.lr=3e-6".to_string(),
+        "checkpoint.save_every=10".to_string(),
+    ];
+    want.extend(weights.clone());
+    assert_eq!(args(&l), want);
+    assert_eq!(check_config(&l, &env).expect("loads").actor.lr, 3e-6);
+
+    // The variables pass over the config, and the defaults of their keys go.
+    let mut l = launch(
+        Profile::Grpo,
+        &[
+            ("LEARNING_RATE", Some("2.5e-6")),
+            ("CHECKPOINT_EVERY", Some("25")),
+        ],
+    );
+    l.run_defaults = defaults::resolve(&l, &nothing_set, Some(8_190_000_000));
+    assert_eq!(args(&l), weights);
+    let overrides = render::profile_overrides(&l);
+    assert!(
+        overrides.contains(&"actor.lr=2.5e-6".to_string()),
+        "{overrides:?}"
+    );
+    assert!(
+        overrides.contains(&"checkpoint.save_every=25".to_string()),
+        "{overrides:?}"
+    );
+    let c = check_config(&l, &env).expect("loads");
+    assert_eq!((c.actor.lr, c.checkpoint.save_every), (2.5e-6, 25));
+
+    // CPU profiles keep the config's values unless a variable is set.
+    for profile in [Profile::Local, Profile::MultinodeCpu] {
+        let mut l = launch(profile, &[]);
+        l.run_defaults = defaults::resolve(&l, &nothing_set, Some(135_000_000));
+        assert_eq!(args(&l), Vec::<String>::new(), "{profile:?}");
+    }
+    let l = launch(Profile::Local, &[("CHECKPOINT_EVERY", Some("5"))]);
+    assert!(render::profile_overrides(&l).contains(&"checkpoint.save_every=5".to_string()));
+
+    // `--rollout-only` trains nothing: no learning rate, no checkpoints.
+    let mut l = launch(Profile::Grpo, &[("CHECKPOINT_EVERY", Some("25"))]);
+    l.rollout_only = Some(64);
+    l.run_defaults = defaults::resolve(&l, &nothing_set, Some(8_190_000_000));
+    assert_eq!(args(&l), Vec::<String>::new());
+    assert!(
+        !render::profile_overrides(&l)
+            .iter()
+            .any(|o| o.starts_with("checkpoint."))
     );
 }

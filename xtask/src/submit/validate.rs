@@ -83,6 +83,8 @@ pub(crate) struct Launch {
     pub(crate) supervise_interval: u32,
     /// The user's dotted `key=value` overrides, after the profile's own.
     pub(crate) overrides: Vec<String>,
+    /// The profile's run defaults that apply ([`super::defaults::resolve`], after the fit check).
+    pub(crate) run_defaults: Vec<super::defaults::Chosen>,
     /// `--rollout-only N`: the GPU job runs `arena-rl rollout` for at least N rollouts instead of training.
     pub(crate) rollout_only: Option<u64>,
     /// `--eval`: the GPU job runs `arena-rl eval` on a checkpoint instead of training ([`Launch::set_eval`]).
@@ -511,6 +513,7 @@ pub(crate) fn validate(
         run,
         supervise_interval: supervise_interval.expect("checked above"),
         overrides: overrides.to_vec(),
+        run_defaults: Vec::new(),
         rollout_only: None,
         eval: None,
         host: ctx.host.clone(),

@@ -18,7 +18,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn print_profile_prints_eleven_lines_and_needs_no_paths() {
+fn print_profile_prints_thirteen_lines_and_needs_no_paths() {
     let out = xtask(
         &["submit", "--print-profile", "--profile", "flash-v3"],
         &[("N_NODES", "4"), ("CONTEXT_LENGTH", "65536")],
@@ -27,7 +27,8 @@ fn print_profile_prints_eleven_lines_and_needs_no_paths() {
     assert_eq!(
         text(&out.stdout),
         "nodes=5\nactor=burn:1gpu\nrollout=sglang:d8t4p1\ncontext=65536\n\
-         max_tokens=65535\nmax_new_tokens=65535\nbatch=32\nsamples=12\nsteps=500\nconcurrency=1500\ngpu_memory_gib=80\n"
+         max_tokens=65535\nmax_new_tokens=65535\nbatch=32\nsamples=12\nsteps=500\nconcurrency=1500\ngpu_memory_gib=80\n\
+         lr=3e-6\ncheckpoint_every=10\n"
     );
 }
 
@@ -286,14 +287,39 @@ fn the_trainers_estimate_refuses_what_cannot_train() {
     let mut big_gpu = burn.clone();
     big_gpu.push(("GPU_MEMORY_GIB", "4096".into()));
     let out = run(&launch, &["submit", "--dry-run", "--profile", "grpo"], &big_gpu);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The learning rate by the parameter count the estimate gave, with the profile's other run defaults.
+    for line in [
+        "xtask: actor.lr=1e-6 (grpo's rule for 8.19B parameters: 3B parameters or more",
+        "xtask: checkpoint.save_every=10 (grpo checkpoints every 10 steps;",
+        "xtask: rollout.weights_dtype=bf16 (",
+        "xtask: rollout.weights_shard_bytes=4294967296 (",
+    ] {
+        assert!(stderr.lines().any(|l| l.starts_with(line)), "{line}\n{stderr}");
+    }
 
     let out = run(
         &launch,
         &["submit", "--dry-run", "--profile", "grpo"],
         &with_model("small"),
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("xtask: actor.lr=1e-5 (grpo's rule for 0.00B parameters: below 3B parameters"),
+        "{stderr}"
+    );
+    // The user's own learning rate stands: no default is passed for it.
+    let out = run(
+        &launch,
+        &["submit", "--dry-run", "--profile", "grpo", "actor.lr=2e-6"],
+        &with_model("small"),
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("actor.lr="), "{stderr}");
+    assert!(stderr.contains("xtask: checkpoint.save_every=10 ("), "{stderr}");
     assert!(is_empty_dir(&launch.path("runs")));
 }
 
