@@ -82,13 +82,21 @@ impl PolicyEngine {
         device: DeviceKind,
         dtype: InferenceDtype,
     ) -> crate::Result<Self> {
+        Self::load_with(
+            dir,
+            PolicyOptions {
+                max_batch,
+                device,
+                dtype,
+                ..PolicyOptions::default()
+            },
+        )
+    }
+
+    /// [`PolicyEngine::load`] with every option of the policy (the key/value cache's budget among them).
+    pub fn load_with(dir: &Path, options: PolicyOptions) -> crate::Result<Self> {
         use crate::error::Context as _;
-        let options = PolicyOptions {
-            max_batch,
-            device,
-            dtype,
-            ..PolicyOptions::default()
-        };
+        let (device, dtype) = (options.device, options.dtype);
         let policy = Policy::load(dir, options).with_context(|| {
             format!(
                 "cannot load the policy from {} onto {device} in {dtype}",

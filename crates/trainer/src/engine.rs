@@ -8,6 +8,12 @@
 //! finished or abandoned rows are cut out of it.
 //! Commands (submit, weight swap, scoring) are handled between steps, so a swap never interrupts a step and
 //! never drops a sequence.
+//! The cache never holds more than the policy's token budget (rows times allocated columns, from
+//! [`crate::PolicyOptions::kv_cache_bytes`]): a request is admitted only when the batch with it fits with room
+//! to grow, and when the batch outgrows the budget while decoding, the newest rows are retracted (their
+//! tokens so far kept, their random state with them) and wait at the head of the queue to be prefilled
+//! again, so they continue exactly as if never interrupted; a lone row that fills the budget ends with
+//! [`FinishReason::Length`].
 //! A decode-step budget ([`Command::Budget`]) makes the loop hold between steps, still handling commands,
 //! so a caller can place a swap after an exact number of tokens; a pause ([`Command::Pause`]) holds it the
 //! same way until it is lifted, so a weight update lands while nothing decodes.
@@ -47,6 +53,11 @@ pub(crate) enum Command {
 pub(crate) struct Shared {
     pub(crate) version: AtomicU64,
     pub(crate) active: AtomicU64,
+    /// Key/value cache slots (rows times allocated columns) the engine holds now, and at most so far.
+    pub(crate) cache_tokens: AtomicU64,
+    pub(crate) peak_cache_tokens: AtomicU64,
+    /// Rows taken out of the batch to keep the cache within its budget, since the start.
+    pub(crate) retractions: AtomicU64,
 }
 
 /// One sequence being decoded.
@@ -54,13 +65,44 @@ struct Seq {
     tx: mpsc::UnboundedSender<GenerationEvent>,
     request: GenerationRequest,
     rng: SplitMix64,
-    /// The last sampled token, not yet in the cache.
-    next_token: u32,
-    /// Position (0-based) of `next_token` in the sequence.
+    /// The tokens sampled so far; the last one is not in the cache yet.
+    sampled: Vec<u32>,
+    /// Position (0-based) of the last sampled token in the sequence.
     position: usize,
     /// First cache column that belongs to this row.
     start_col: usize,
-    generated: usize,
+}
+
+/// A request waiting for admission: new, or retracted from the batch with what it had sampled.
+struct Waiting {
+    request: GenerationRequest,
+    tx: mpsc::UnboundedSender<GenerationEvent>,
+    resumed: Option<Resumed>,
+}
+
+/// What a retracted row carries back to the queue so that it continues exactly where it stopped.
+struct Resumed {
+    sampled: Vec<u32>,
+    rng: SplitMix64,
+}
+
+impl Waiting {
+    /// Tokens its prefill feeds: the prompt and everything it has sampled.
+    fn len(&self) -> usize {
+        self.request.input_ids.len() + self.resumed.as_ref().map_or(0, |r| r.sampled.len())
+    }
+
+    /// At most this many more tokens to sample.
+    fn remaining(&self) -> usize {
+        let sampled = self.resumed.as_ref().map_or(0, |r| r.sampled.len());
+        self.request.max_new_tokens.saturating_sub(sampled)
+    }
+}
+
+/// Columns a cache of `len` live columns is allocated with: room for `len / 2` (at least 8) more tokens
+/// before it moves again.
+fn grown(len: usize) -> usize {
+    len + 1 + len.max(16) / 2
 }
 
 pub(crate) struct GenerationLoop<B: Backend> {
@@ -70,9 +112,11 @@ pub(crate) struct GenerationLoop<B: Backend> {
     device: B::Device,
     shared: Arc<Shared>,
     max_batch: usize,
+    /// Cache slots (rows times columns) the cache may take.
+    max_cache_tokens: usize,
     seqs: Vec<Seq>,
     cache: Option<KvCache<B>>,
-    pending: VecDeque<(GenerationRequest, mpsc::UnboundedSender<GenerationEvent>)>,
+    pending: VecDeque<Waiting>,
     /// Decode steps left before the loop holds; `None` is no limit.
     budget: Option<u64>,
     /// Whether a pause holds the loop between steps.
@@ -86,6 +130,7 @@ impl<B: Kernels> GenerationLoop<B> {
         device: B::Device,
         shared: Arc<Shared>,
         max_batch: usize,
+        max_cache_tokens: usize,
     ) -> Self {
         Self {
             rope: RopeTable::new(&config),
@@ -94,6 +139,7 @@ impl<B: Kernels> GenerationLoop<B> {
             device,
             shared,
             max_batch: max_batch.max(1),
+            max_cache_tokens: max_cache_tokens.max(2),
             seqs: Vec::new(),
             cache: None,
             pending: VecDeque::new(),
@@ -159,7 +205,11 @@ impl<B: Kernels> GenerationLoop<B> {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit(req, tx) => self.pending.push_back((*req, tx)),
+            Command::Submit(request, tx) => self.pending.push_back(Waiting {
+                request: *request,
+                tx,
+                resumed: None,
+            }),
             Command::Swap(weights, version, ack) => {
                 let model = std::mem::replace(
                     &mut self.model,
@@ -209,29 +259,81 @@ impl<B: Kernels> GenerationLoop<B> {
     }
 
     fn drop_abandoned(&mut self) {
-        self.pending.retain(|(_, tx)| !tx.is_closed());
+        self.pending.retain(|w| !w.tx.is_closed());
         let keep: Vec<bool> = self.seqs.iter().map(|s| !s.tx.is_closed()).collect();
         if keep.iter().any(|k| !k) {
             self.retain_rows(&keep);
         }
     }
 
-    /// Prefills as many waiting requests as the batch has room for, samples their first tokens and splices
-    /// their keys and values into the shared cache.
+    /// The columns before the first one any row uses (`unused`), and the columns from there to the newest.
+    fn live_columns(&self) -> (usize, usize) {
+        match &self.cache {
+            Some(cache) => {
+                let unused = self.seqs.iter().map(|s| s.start_col).min().unwrap_or(cache.len);
+                (unused, cache.len - unused)
+            }
+            None => (0, 0),
+        }
+    }
+
+    /// Stores the cache and publishes the slots it holds.
+    fn set_cache(&mut self, cache: Option<KvCache<B>>) {
+        let tokens = cache.as_ref().map_or(0, |c| (c.batch() * c.capacity()) as u64);
+        self.shared.cache_tokens.store(tokens, Ordering::Relaxed);
+        self.shared.peak_cache_tokens.fetch_max(tokens, Ordering::Relaxed);
+        self.cache = cache;
+    }
+
+    /// How many waiting requests, from the head of the queue and at most `room`, join the batch: as many as
+    /// keep the cache within its budget with room for every row to grow by a quarter of its columns (at
+    /// least 8), or by what the rows may still sample where that is less. A request that finds the batch
+    /// empty is always admitted: the handle refuses prompts the budget cannot hold.
+    fn admissible(&self, room: usize) -> usize {
+        let rows = self.seqs.len();
+        let (_, live) = self.live_columns();
+        let mut left = self
+            .seqs
+            .iter()
+            .map(|s| s.request.max_new_tokens.saturating_sub(s.sampled.len()))
+            .max()
+            .unwrap_or(0);
+        let (mut width, mut n) = (0, 0);
+        for waiting in self.pending.iter().take(room) {
+            let wide = width.max(waiting.len());
+            let more = left.max(waiting.remaining());
+            let target = live.max(wide);
+            let columns = target + 1 + more.min(target.max(32) / 4);
+            if rows + n > 0 && (rows + n + 1) * columns > self.max_cache_tokens {
+                break;
+            }
+            (width, left, n) = (wide, more, n + 1);
+        }
+        n
+    }
+
+    /// Prefills as many waiting requests as the batch and the cache's budget have room for, samples their
+    /// next tokens and splices their keys and values into the shared cache.
     fn admit(&mut self) {
         let room = self.max_batch.saturating_sub(self.seqs.len());
         if room == 0 || self.pending.is_empty() {
             return;
         }
+        let n = self.admissible(room);
+        if n == 0 {
+            return;
+        }
         let version = self.shared.version.load(Ordering::SeqCst);
-        let group: Vec<_> = self.pending.drain(..room.min(self.pending.len())).collect();
-        let lengths: Vec<usize> = group.iter().map(|(r, _)| r.input_ids.len()).collect();
-        let n = group.len();
+        let group: Vec<Waiting> = self.pending.drain(..n).collect();
+        let lengths: Vec<usize> = group.iter().map(Waiting::len).collect();
         let width = lengths.iter().copied().max().unwrap_or(0);
         let mut ids = Vec::with_capacity(n * width);
-        for (req, _) in &group {
-            ids.extend(std::iter::repeat_n(0i64, width - req.input_ids.len()));
-            ids.extend(req.input_ids.iter().map(|&t| i64::from(t)));
+        for (waiting, &len) in group.iter().zip(&lengths) {
+            ids.extend(std::iter::repeat_n(0i64, width - len));
+            ids.extend(waiting.request.input_ids.iter().map(|&t| i64::from(t)));
+            if let Some(resumed) = &waiting.resumed {
+                ids.extend(resumed.sampled.iter().map(|&t| i64::from(t)));
+            }
         }
         let input = AttnInput::padded(&self.rope, &lengths, width, true, &self.device);
         let mut fresh = KvCache::new(&self.config, n, width, &self.device);
@@ -244,27 +346,31 @@ impl<B: Kernels> GenerationLoop<B> {
 
         let mut new_seqs = Vec::new();
         let mut keep = Vec::new();
-        for (row, (request, tx)) in group.into_iter().enumerate() {
-            let mut rng = SplitMix64::new(request.sampling.seed.unwrap_or_else(random_seed));
-            let prompt = request.input_ids.len();
+        for (row, (waiting, len)) in group.into_iter().zip(lengths).enumerate() {
+            let Waiting { request, tx, resumed } = waiting;
+            let (sampled, rng) = match resumed {
+                Some(r) => (r.sampled, r.rng),
+                None => (
+                    Vec::new(),
+                    SplitMix64::new(request.sampling.seed.unwrap_or_else(random_seed)),
+                ),
+            };
             let mut seq = Seq {
                 tx,
-                rng: SplitMix64::new(0),
-                next_token: 0,
-                position: prompt,
-                start_col: width - prompt,
-                generated: 0,
                 request,
+                rng,
+                sampled,
+                position: len,
+                start_col: width - len,
             };
-            let done = if seq.request.max_new_tokens == 0 {
+            let done = if seq.sampled.len() >= seq.request.max_new_tokens {
                 Some(FinishReason::Length)
             } else {
                 let (token, logprob) = sample(
                     &logits[row * vocab..(row + 1) * vocab],
                     &seq.request.sampling,
-                    &mut rng,
+                    &mut seq.rng,
                 );
-                seq.rng = rng;
                 seq.emit(token, logprob, version, self.config.max_position_embeddings)
             };
             match done {
@@ -286,33 +392,40 @@ impl<B: Kernels> GenerationLoop<B> {
         self.splice(fresh, width, new_seqs);
     }
 
-    /// Adds prefilled rows (cache with `width` valid columns) to the running batch.
+    /// Adds prefilled rows (cache with `width` valid columns) to the running batch, dropping the columns no
+    /// running row uses.
     fn splice(&mut self, fresh: KvCache<B>, width: usize, mut new_seqs: Vec<Seq>) {
+        let rows = self.seqs.len() + new_seqs.len();
+        let most = self.max_cache_tokens / rows;
+        let (unused, live) = self.live_columns();
         let Some(cache) = self.cache.take() else {
-            let capacity = width + 1 + width.max(16);
-            self.cache = Some(relayout(fresh, 0, width, capacity, &self.device));
+            let capacity = (width + 1 + width.max(16)).min(most).max(width + 1);
+            self.set_cache(Some(relayout(fresh, 0, width, capacity, &self.device)));
             self.seqs = new_seqs;
             return;
         };
-        let t = cache.len;
-        let target = t.max(width);
-        let capacity = cache.capacity().max(target + 1 + target.max(16) / 2);
+        let target = live.max(width);
+        let capacity = cache.capacity().max(grown(target)).min(most).max(target + 1);
         // The running rows' columns end where the new rows' do: both are right-aligned at `target`.
         let merged = assemble(
-            &[(&cache, 0..t, target - t), (&fresh, 0..width, target - width)],
+            &[
+                (&cache, unused..cache.len, target - live),
+                (&fresh, 0..width, target - width),
+            ],
             capacity,
             &self.device,
         );
+        drop(cache);
         for s in &mut self.seqs {
-            s.start_col += target - t;
+            s.start_col = s.start_col - unused + (target - live);
         }
         for s in &mut new_seqs {
             s.start_col += target - width;
         }
-        self.cache = Some(KvCache {
+        self.set_cache(Some(KvCache {
             layers: merged,
             len: target,
-        });
+        }));
         self.seqs.extend(new_seqs);
     }
 
@@ -331,7 +444,7 @@ impl<B: Kernels> GenerationLoop<B> {
         for (row, s) in self.seqs.iter().enumerate() {
             bias[row * keys + s.start_col..(row + 1) * keys].fill(0.0);
             positions.push(s.position);
-            ids.push(i64::from(s.next_token));
+            ids.push(i64::from(s.next_token()));
         }
         let input = AttnInput::new(&self.rope, &positions, bias, [b, 1, keys], &self.device);
         let ids = Tensor::from_data(TensorData::new(ids, [b, 1]), &self.device);
@@ -349,11 +462,7 @@ impl<B: Kernels> GenerationLoop<B> {
             );
             if let Some(reason) = s.emit(token, logprob, version, max_positions) {
                 keep[row] = false;
-                let _ = s.tx.send(GenerationEvent::Finished {
-                    reason,
-                    prompt_tokens: s.request.input_ids.len(),
-                    completion_tokens: s.generated,
-                });
+                let _ = s.tx.send(s.finished(reason));
             }
         }
         if keep.iter().any(|k| !k) {
@@ -361,53 +470,99 @@ impl<B: Kernels> GenerationLoop<B> {
         }
     }
 
-    /// Makes sure the cache has a free column for the next step: drops columns no row uses, then grows.
+    /// Makes sure the cache has a free column for the next step within its budget: drops the columns no row
+    /// uses, then grows; when the rows cannot all have one more column, retracts the newest rows to the head
+    /// of the queue, and a lone row that fills the budget ends with [`FinishReason::Length`].
     fn ensure_room(&mut self) {
-        let Some(cache) = self.cache.take() else {
-            return;
-        };
-        if cache.len < cache.capacity() {
-            self.cache = Some(cache);
+        loop {
+            let (unused, live) = self.live_columns();
+            let Some(cache) = self.cache.take() else {
+                return;
+            };
+            if cache.len < cache.capacity() {
+                self.cache = Some(cache);
+                return;
+            }
+            let rows = self.seqs.len().max(1);
+            let most = self.max_cache_tokens / rows;
+            if live + 1 > most {
+                self.cache = Some(cache);
+                if rows == 1 {
+                    if let Some(s) = self.seqs.first() {
+                        let _ = s.tx.send(s.finished(FinishReason::Length));
+                    }
+                    self.retain_rows(&[false]);
+                    return;
+                }
+                self.retract_newest();
+                continue;
+            }
+            let wanted = if live < cache.capacity() / 2 {
+                cache.capacity()
+            } else {
+                (live + 1) * 2
+            };
+            let capacity = wanted.min(most).max(live + 1);
+            let cache = shift_left(cache, unused, capacity, &self.device);
+            for s in &mut self.seqs {
+                s.start_col -= unused;
+            }
+            self.set_cache(Some(cache));
             return;
         }
-        let unused = self.seqs.iter().map(|s| s.start_col).min().unwrap_or(0);
-        let live = cache.len - unused;
-        let capacity = if live < cache.capacity() / 2 {
-            cache.capacity()
-        } else {
-            (live + 1) * 2
-        };
-        let cache = shift_left(cache, unused, capacity, &self.device);
-        for s in &mut self.seqs {
-            s.start_col -= unused;
-        }
-        self.cache = Some(cache);
     }
 
-    fn retain_rows(&mut self, keep: &[bool]) {
+    /// Takes the newest row out of the batch and puts it at the head of the queue with the tokens it has
+    /// sampled and its random state, to be prefilled again when the cache has room.
+    fn retract_newest(&mut self) {
+        let mut keep = vec![true; self.seqs.len()];
+        if let Some(last) = keep.last_mut() {
+            *last = false;
+        }
+        for seq in self.retain_rows(&keep) {
+            self.shared.retractions.fetch_add(1, Ordering::Relaxed);
+            self.pending.push_front(Waiting {
+                request: seq.request,
+                tx: seq.tx,
+                resumed: Some(Resumed {
+                    sampled: seq.sampled,
+                    rng: seq.rng,
+                }),
+            });
+        }
+    }
+
+    /// Keeps the rows `keep` marks, in the cache and the batch; returns the others.
+    fn retain_rows(&mut self, keep: &[bool]) -> Vec<Seq> {
         let rows: Vec<usize> = keep
             .iter()
             .enumerate()
             .filter_map(|(i, &k)| k.then_some(i))
             .collect();
-        let mut i = 0;
-        self.seqs.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
-        self.cache = match self.cache.take() {
+        let (kept, dropped): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seqs)
+            .into_iter()
+            .zip(keep)
+            .partition(|(_, k)| **k);
+        self.seqs = kept.into_iter().map(|(s, _)| s).collect();
+        let cache = match self.cache.take() {
             Some(_) if rows.is_empty() => None,
             Some(cache) => Some(select_rows(cache, &rows, &self.device)),
             None => None,
         };
+        self.set_cache(cache);
+        dropped.into_iter().map(|(s, _)| s).collect()
     }
 }
 
 impl Seq {
+    /// The last sampled token, which the next decode step feeds.
+    fn next_token(&self) -> u32 {
+        *self.sampled.last().expect("a decoding row has sampled a token")
+    }
+
     /// Sends a token (which sits at `self.position`); returns why the sequence ends, if it does.
     fn emit(&mut self, token: u32, logprob: f32, version: u64, max_positions: usize) -> Option<FinishReason> {
-        self.generated += 1;
-        self.next_token = token;
+        self.sampled.push(token);
         let _ = self.tx.send(GenerationEvent::Token {
             token_id: token,
             logprob,
@@ -415,7 +570,7 @@ impl Seq {
         });
         if self.request.stop_token_ids.contains(&token) {
             Some(FinishReason::Stop)
-        } else if self.generated >= self.request.max_new_tokens || self.position + 1 >= max_positions {
+        } else if self.sampled.len() >= self.request.max_new_tokens || self.position + 1 >= max_positions {
             // The whole sequence must fit the model's positions so that it can be trained on.
             Some(FinishReason::Length)
         } else {
@@ -423,12 +578,17 @@ impl Seq {
         }
     }
 
-    fn finish(self, reason: FinishReason) {
-        let _ = self.tx.send(GenerationEvent::Finished {
+    /// The event that ends this sequence.
+    fn finished(&self, reason: FinishReason) -> GenerationEvent {
+        GenerationEvent::Finished {
             reason,
             prompt_tokens: self.request.input_ids.len(),
-            completion_tokens: self.generated,
-        });
+            completion_tokens: self.sampled.len(),
+        }
+    }
+
+    fn finish(self, reason: FinishReason) {
+        let _ = self.tx.send(self.finished(reason));
     }
 }
 

@@ -32,6 +32,9 @@ pub enum Error {
     /// A generation request is invalid (empty prompt, token out of range, bad sampling parameter).
     #[error("invalid generation request: {0}")]
     Request(String),
+    /// A policy option is out of range for the model (the message names the option and the value).
+    #[error("invalid policy options: {0}")]
+    Options(String),
     /// The inference engine has stopped (its thread ended or panicked).
     #[error("the inference engine has stopped")]
     EngineStopped,

@@ -49,8 +49,8 @@ pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::{Error, Result};
 pub use optim::{AdamWConfig, LrSchedule, ScheduleKind};
 pub use policy::{
-    Completion, FinishReason, GenerationEvent, GenerationRequest, GenerationStream, Logits, Policy,
-    PolicyOptions, SwapReceipt,
+    CacheStats, Completion, DEFAULT_KV_CACHE_BYTES, FinishReason, GenerationEvent, GenerationRequest,
+    GenerationStream, Logits, Policy, PolicyOptions, SwapReceipt, kv_cache_bytes_per_token,
 };
 pub use sampling::SamplingParams;
 pub use train::{

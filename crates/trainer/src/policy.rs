@@ -42,7 +42,8 @@ pub struct GenerationRequest {
 pub enum FinishReason {
     /// A stop token was sampled.
     Stop,
-    /// `max_new_tokens` or the model's context length was reached.
+    /// `max_new_tokens`, the model's context length, or (for a sequence generating alone) the key/value
+    /// cache's budget ([`PolicyOptions::kv_cache_bytes`]) was reached.
     Length,
 }
 
@@ -142,21 +143,61 @@ pub struct PolicyOptions {
     pub device: DeviceKind,
     /// At most this many sequences decode together; more wait their turn.
     pub max_batch: usize,
+    /// Memory the key/value cache may take (f32 keys and values of every layer, rows times columns).
+    /// Requests are admitted only while the batch fits it with room to grow, and the newest sequences are
+    /// set aside and resumed later, unchanged, when the batch outgrows it; a prompt it cannot hold is
+    /// refused. [`DEFAULT_KV_CACHE_BYTES`] unless set.
+    pub kv_cache_bytes: u64,
     /// The version the initial weights carry.
     pub version: u64,
     /// The element type of the weight matrices (bf16 needs a CUDA device).
     pub dtype: InferenceDtype,
 }
 
+/// The key/value cache's default budget: 8 GiB.
+pub const DEFAULT_KV_CACHE_BYTES: u64 = 8 << 30;
+
 impl Default for PolicyOptions {
     fn default() -> Self {
         Self {
             device: DeviceKind::Cpu,
             max_batch: 64,
+            kv_cache_bytes: DEFAULT_KV_CACHE_BYTES,
             version: 0,
             dtype: InferenceDtype::F32,
         }
     }
+}
+
+/// What the key/value cache holds, in slots of one token of one sequence (rows times columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheStats {
+    /// The slots [`PolicyOptions::kv_cache_bytes`] buys for this model.
+    pub budget_tokens: u64,
+    /// Slots allocated now.
+    pub tokens: u64,
+    /// The most slots allocated at once since the policy started.
+    pub peak_tokens: u64,
+    /// Sequences set aside (and later resumed) to keep the cache within its budget.
+    pub retractions: u64,
+}
+
+/// The bytes one token of one sequence takes in the key/value cache: f32 keys and values of every layer,
+/// whatever the weights' dtype.
+pub fn kv_cache_bytes_per_token(config: &ModelConfig) -> u64 {
+    2 * config.num_hidden_layers as u64 * config.num_key_value_heads as u64 * config.head_dim as u64 * 4
+}
+
+/// The cache slots `bytes` buys for `config`; at least two are needed to generate anything.
+fn cache_budget(config: &ModelConfig, bytes: u64) -> Result<usize> {
+    let per_token = kv_cache_bytes_per_token(config).max(1);
+    let tokens = bytes / per_token;
+    if tokens < 2 {
+        return Err(Error::Options(format!(
+            "kv_cache_bytes {bytes} holds {tokens} tokens of this model ({per_token} bytes each); at least 2 are needed"
+        )));
+    }
+    Ok(usize::try_from(tokens).unwrap_or(usize::MAX))
 }
 
 /// A loaded policy served by its own engine thread. Cloning shares the engine.
@@ -166,6 +207,8 @@ pub struct Policy {
     shared: Arc<Shared>,
     config: Arc<ModelConfig>,
     folder: Option<Arc<ModelFolder>>,
+    /// Cache slots the engine may hold.
+    cache_tokens: usize,
 }
 
 impl Policy {
@@ -187,6 +230,7 @@ impl Policy {
         weights.check_against(&config).map_err(Error::WeightMismatch)?;
         options.device.check()?;
         options.dtype.check_on(options.device)?;
+        cache_budget(&config, options.kv_cache_bytes)?;
         match options.device {
             DeviceKind::Cpu => {
                 Self::spawn::<crate::backend::Cpu>(config, weights, options, burn_ndarray::NdArrayDevice::Cpu)
@@ -210,10 +254,18 @@ impl Policy {
         device: B::Device,
     ) -> Result<Self> {
         let model = CausalLm::<B>::from_weights(&config, weights, &device)?.with_matrices_in(options.dtype);
+        let cache_tokens = cache_budget(&config, options.kv_cache_bytes)?;
         let shared = Arc::new(Shared::default());
         shared.version.store(options.version, Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();
-        let engine = GenerationLoop::new(model, config.clone(), device, shared.clone(), options.max_batch);
+        let engine = GenerationLoop::new(
+            model,
+            config.clone(),
+            device,
+            shared.clone(),
+            options.max_batch,
+            cache_tokens,
+        );
         // The engine loop runs inside its own rayon pool: burn-ndarray parallelises with `rayon::scope`, which
         // called from outside a pool hands every operation to a pool thread and waits, a thread switch per op.
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -231,6 +283,7 @@ impl Policy {
             shared,
             config: Arc::new(config),
             folder: None,
+            cache_tokens,
         })
     }
 
@@ -262,6 +315,13 @@ impl Policy {
                 "prompt of {} tokens leaves no room within max_position_embeddings {}",
                 request.input_ids.len(),
                 self.config.max_position_embeddings
+            )));
+        }
+        if request.input_ids.len() >= self.cache_tokens {
+            return Err(Error::Request(format!(
+                "prompt of {} tokens leaves no room within the key/value cache's {} tokens (kv_cache_bytes)",
+                request.input_ids.len(),
+                self.cache_tokens
             )));
         }
         if let Some(problem) = request.sampling.check() {
@@ -347,6 +407,16 @@ impl Policy {
     /// Sequences decoding or waiting, as of the engine's last step.
     pub fn in_flight(&self) -> u64 {
         self.shared.active.load(Ordering::Relaxed)
+    }
+
+    /// What the key/value cache holds now, at most so far, and its budget.
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            budget_tokens: self.cache_tokens as u64,
+            tokens: self.shared.cache_tokens.load(Ordering::Relaxed),
+            peak_tokens: self.shared.peak_cache_tokens.load(Ordering::Relaxed),
+            retractions: self.shared.retractions.load(Ordering::Relaxed),
+        }
     }
 
     /// The model configuration.

@@ -36,6 +36,11 @@ pub(crate) struct Args {
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
+    /// Memory the key/value cache may take, in bytes (f32 keys and values: 2 x layers x key/value heads x
+    /// head_dim x 4 bytes a token). Requests wait while the batch would outgrow it, the newest sequences
+    /// are set aside and resumed unchanged when it is full, and a prompt it cannot hold is refused.
+    #[arg(long, default_value_t = trainer::DEFAULT_KV_CACHE_BYTES)]
+    kv_cache_bytes: u64,
     /// The device: `cpu`, `cuda` (the first GPU) or `cuda:N` (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: trainer::DeviceKind,
@@ -99,9 +104,16 @@ pub(crate) fn run(args: Args) -> Result<()> {
             "policy server listening on http://{} (loading the model)",
             listening.local_addr()
         );
-        let (model, max_batch, device, dtype) = (args.model.clone(), args.max_batch, args.device, args.dtype);
+        let model = args.model.clone();
+        let options = trainer::PolicyOptions {
+            max_batch: args.max_batch,
+            kv_cache_bytes: args.kv_cache_bytes,
+            device: args.device,
+            dtype: args.dtype,
+            ..trainer::PolicyOptions::default()
+        };
         let engine = tokio::task::spawn_blocking(move || {
-            PolicyEngine::load_as(&model, max_batch, device, dtype)?.with_weights_root(&weights_root)
+            PolicyEngine::load_with(&model, options)?.with_weights_root(&weights_root)
         })
         .await
         .context("loading the policy")??;

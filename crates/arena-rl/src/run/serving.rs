@@ -98,13 +98,16 @@ pub(crate) async fn build_engine(
         }
         ModelEngine::Burn => {
             let dir = dir.to_path_buf();
-            let max_batch = config.model.max_batch as usize;
-            let device = super::settings::policy_device(config)?;
-            let dtype = super::settings::policy_dtype(config)?;
-            let policy =
-                tokio::task::spawn_blocking(move || PolicyEngine::load_as(&dir, max_batch, device, dtype))
-                    .await
-                    .context("loading the policy")??;
+            let options = trainer::PolicyOptions {
+                max_batch: config.model.max_batch as usize,
+                kv_cache_bytes: config.model.kv_cache_bytes,
+                device: super::settings::policy_device(config)?,
+                dtype: super::settings::policy_dtype(config)?,
+                ..trainer::PolicyOptions::default()
+            };
+            let policy = tokio::task::spawn_blocking(move || PolicyEngine::load_with(&dir, options))
+                .await
+                .context("loading the policy")??;
             Ok(EngineHandle {
                 engine: Arc::new(policy.clone()),
                 policy: Some(policy),

@@ -42,6 +42,10 @@ impl Drop for Served {
 }
 
 fn serve(model: &std::path::Path, weights_root: &std::path::Path) -> Served {
+    serve_adding(model, weights_root, &[])
+}
+
+fn serve_adding(model: &std::path::Path, weights_root: &std::path::Path, more: &[&str]) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_arena-rl"))
         .args([
             "serve-policy",
@@ -52,6 +56,7 @@ fn serve(model: &std::path::Path, weights_root: &std::path::Path) -> Served {
             "--weights-root",
             weights_root.to_str().expect("utf-8 path"),
         ])
+        .args(more)
         .env("ARENA_RL_POLICY_API_KEY", KEY)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -242,6 +247,55 @@ async fn serve_policy_needs_a_key_beyond_loopback_and_loads_weights_only_under_i
         .await
         .expect("weights under the root load");
     assert_eq!(client.weight_version().await.expect("asks"), 3);
+}
+
+/// `--kv-cache-bytes` bounds the server's key/value cache: a prompt it cannot hold is refused naming it, and
+/// a sequence alone ends with `length` when it fills the cache.
+#[tokio::test]
+async fn serve_policy_keeps_its_key_value_cache_within_kv_cache_bytes() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let model = root.path().join("step-0");
+    crate::model::tiny_model(&model);
+    let config = trainer::ModelFolder::open(&model).expect("the tiny model").config;
+    // 20 tokens of the tiny model's cache.
+    let bytes = (20 * trainer::kv_cache_bytes_per_token(&config)).to_string();
+    let served = serve_adding(&model, root.path(), &["--kv-cache-bytes", &bytes]);
+    let client = client(&served.url, Some(KEY)).await.expect("connects");
+    let generate = |prompt: Vec<u32>| {
+        client.generate(GenerateRequest {
+            input_ids: prompt.into(),
+            sampling: SamplingParams {
+                max_new_tokens: 100,
+                ..SamplingParams::default()
+            },
+            images: Vec::new(),
+            affinity: None,
+        })
+    };
+    let mut refused = generate(vec![1; 25]);
+    let err = loop {
+        match refused.next().await {
+            Some(Err(e)) => break e.to_string(),
+            Some(Ok(EngineEvent::Finished(f))) => panic!("a 25-token prompt was served: {f:?}"),
+            Some(Ok(_)) => {}
+            None => panic!("the stream ended without an error"),
+        }
+    };
+    assert!(err.contains("kv_cache_bytes"), "{err}");
+    let mut alone = generate(vec![1, 2, 3, 4, 5]);
+    let mut tokens = 0;
+    let finish = loop {
+        match alone.next().await.expect("an event").expect("served") {
+            EngineEvent::Token(_) => tokens += 1,
+            EngineEvent::Finished(f) => break f,
+        }
+    };
+    // Five prompt tokens and 15 sampled ones fill the 20 slots; the 16th sampled token needs none.
+    assert_eq!(tokens, 16, "{finish:?}");
+    assert!(
+        matches!(finish, rollout_proxy::FinishReason::Length),
+        "{finish:?}"
+    );
 }
 
 /// The run's GRPO step, watched: before each step it asks every live server its weight version (each must

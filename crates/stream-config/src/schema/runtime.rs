@@ -225,6 +225,11 @@ pub struct ModelSection {
     pub engine: ModelEngine,
     /// Most sequences the in-process policy decodes together.
     pub max_batch: u32,
+    /// Memory the in-process policy's key/value cache may take, in bytes (f32 keys and values: 2 x layers x
+    /// key/value heads x head_dim x 4 bytes a token). Requests wait while the batch would outgrow it, the
+    /// newest sequences are set aside and resumed unchanged when it is full, and a prompt it cannot hold
+    /// is refused. 8 GiB by default.
+    pub kv_cache_bytes: u64,
     /// The in-process policy's device: `cpu`, `cuda` (the first GPU) or `cuda:N` (CUDA needs a build with
     /// `--features cuda` and an NVIDIA driver; either missing is one error at start-up).
     pub device: String,
@@ -241,6 +246,7 @@ impl Default for ModelSection {
             path: String::new(),
             engine: ModelEngine::Burn,
             max_batch: 64,
+            kv_cache_bytes: 8 << 30,
             device: "cpu".to_string(),
             dtype: "f32".to_string(),
         }
@@ -440,6 +446,12 @@ impl ModelSection {
     pub(crate) fn validate(&self, path: &KeyPath, c: &mut Collector) {
         if self.max_batch == 0 {
             c.push(path.key("max_batch"), "must be >= 1, got 0");
+        }
+        if self.kv_cache_bytes < 1 << 20 {
+            c.push(
+                path.key("kv_cache_bytes"),
+                format!("must be >= 1048576 (1 MiB), got {}", self.kv_cache_bytes),
+            );
         }
         let cuda = crate::schema::check_device(&self.device, path.key("device"), c);
         match self.dtype.as_str() {

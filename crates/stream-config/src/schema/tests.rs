@@ -620,6 +620,16 @@ fn temperature_and_top_p_refuse_what_sampling_cannot_use() {
 }
 
 #[test]
+fn model_kv_cache_bytes_defaults_to_8_gib_and_refuses_less_than_1_mib() {
+    assert_eq!(RunConfig::default().model.kv_cache_bytes, 8 << 30);
+    assert_eq!(
+        loop_problems(&["model.kv_cache_bytes=4096"]),
+        ["override `model.kv_cache_bytes=4096`: model.kv_cache_bytes: must be >= 1048576 (1 MiB), got 4096"]
+    );
+    assert!(loop_problems(&["model.kv_cache_bytes=1048576"]).is_empty());
+}
+
+#[test]
 fn model_dtype_defaults_to_f32_and_bf16_needs_a_cuda_device() {
     let problems = loop_problems(&["model.dtype=fp16"]);
     assert!(

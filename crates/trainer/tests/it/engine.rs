@@ -1,12 +1,13 @@
 //! The generation engine through the public `Policy` handle: continuous batching gives the same tokens as
-//! running alone, log-probabilities match scoring, stop tokens, limits, aborts and weight swaps.
+//! running alone, log-probabilities match scoring, stop tokens, limits, aborts, weight swaps, and a
+//! key/value cache kept within its budget.
 
 use anyhow::Result;
 use trainer::backend::Cpu;
 use trainer::model::CausalLm;
 use trainer::{
-    Architecture, Error, FinishReason, GenerationEvent, GenerationRequest, ModelConfig, Policy,
-    PolicyOptions, SamplingParams, Weights,
+    Architecture, Completion, Error, FinishReason, GenerationEvent, GenerationRequest, ModelConfig, Policy,
+    PolicyOptions, SamplingParams, Weights, kv_cache_bytes_per_token,
 };
 
 fn config() -> ModelConfig {
@@ -347,5 +348,81 @@ async fn the_handle_is_usable_from_async_code() -> Result<()> {
     let logits = policy.score_async(&[5, 6, 7]).await?;
     assert_eq!((logits.len, logits.vocab), (3, c.vocab_size));
     assert_eq!(policy.swap_weights(weights(&c, 10), 3)?.installed().await?, 3);
+    Ok(())
+}
+
+/// Options whose key/value cache holds `tokens` slots of [`config`]'s model.
+fn cache_of(tokens: u64) -> PolicyOptions {
+    PolicyOptions {
+        kv_cache_bytes: tokens * kv_cache_bytes_per_token(&config()),
+        ..PolicyOptions::default()
+    }
+}
+
+#[test]
+fn a_cache_budget_sets_the_newest_sequences_aside_and_they_resume_unchanged() -> Result<()> {
+    let c = config();
+    let w = weights(&c, 11);
+    // Six sequences of 1 to 19 prompt tokens and 40 new ones: decoding together, the batch outgrows 160
+    // slots (six rows of up to 59 columns) long before any sequence ends.
+    let requests: Vec<_> = (0..6)
+        .map(|i| request(&prompts()[i % 4], params(i), 40))
+        .collect();
+    let run = |options: PolicyOptions| -> Result<(Vec<Completion>, trainer::CacheStats)> {
+        let policy = Policy::from_weights(c.clone(), &w, options)?;
+        let streams: Vec<_> = requests
+            .iter()
+            .map(|r| policy.submit(r.clone()))
+            .collect::<Result<_, _>>()?;
+        let done = streams
+            .into_iter()
+            .map(|s| s.collect_blocking())
+            .collect::<Result<_, _>>()?;
+        // The engine frees the rows just after it sends their last events.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while policy.cache_stats().tokens > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok((done, policy.cache_stats()))
+    };
+    let (free, free_stats) = run(PolicyOptions::default())?;
+    let (bounded, stats) = run(cache_of(160))?;
+    assert_eq!(stats.budget_tokens, 160);
+    assert!(
+        free_stats.peak_tokens > 160 && free_stats.retractions == 0,
+        "without a tight budget the batch takes more than 160 slots: {free_stats:?}"
+    );
+    assert!(stats.peak_tokens <= 160, "{stats:?}");
+    assert!(stats.retractions >= 1, "nothing was set aside: {stats:?}");
+    assert_eq!(stats.tokens, 0, "the cache is freed once every sequence ends");
+    for (i, (a, b)) in free.iter().zip(&bounded).enumerate() {
+        assert_eq!(a.token_ids, b.token_ids, "sequence {i}'s tokens");
+        assert_eq!(a.finish_reason, Some(FinishReason::Length));
+        assert_eq!(b.finish_reason, Some(FinishReason::Length));
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            assert!((x - y).abs() < 1e-4, "sequence {i}'s logprobs {x} and {y}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_sequence_alone_ends_when_it_fills_the_cache_and_longer_prompts_are_refused() -> Result<()> {
+    let c = config();
+    let policy = Policy::from_weights(c.clone(), &weights(&c, 12), cache_of(30))?;
+    let done = policy
+        .submit(request(&prompts()[0], SamplingParams::greedy(), 100))?
+        .collect_blocking()?;
+    assert_eq!(done.finish_reason, Some(FinishReason::Length));
+    // Seven prompt tokens and 23 sampled ones fill the 30 slots; the 24th sampled token needs none.
+    assert_eq!(done.token_ids.len(), 24);
+    assert!(policy.cache_stats().peak_tokens <= 30);
+
+    let err = policy
+        .submit(request(&[1; 30], SamplingParams::greedy(), 3))
+        .expect_err("refused");
+    assert!(err.to_string().contains("kv_cache_bytes"), "{err}");
+    let err = Policy::from_weights(c.clone(), &weights(&c, 12), cache_of(1)).expect_err("refused");
+    assert!(err.to_string().contains("kv_cache_bytes"), "{err}");
     Ok(())
 }
