@@ -829,44 +829,34 @@ pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
     acc[0] + sum
 }
 
-/// Grouped-query attention `softmax(scale * q k^T + bias) v` over a key/value cache: per head, two gemm
-/// calls on views of `q`, `k` and `v` (no copies) around a fused masked softmax, heads in parallel.
+/// Grouped-query attention `softmax(scale * q k^T) v` over a key/value cache, each query over its own span
+/// of keys: per head, two gemm calls on views of `q`, `k` and `v` (no copies) around a fused softmax,
+/// heads in parallel.
 ///
 /// `q` is `[batch, heads, len, d]`, `k` and `v` `[batch, kv_heads, columns, d]` of which the first `keys`
-/// columns are used (the whole cache is passed as is), `bias` `[batch * len * keys]` (row-major
-/// `[batch, len, keys]`, 0 where attention is allowed); returns `[batch, heads, len, d]`.
-/// Each block of [`QUERY_BLOCK`] query rows multiplies only the keys between its first and last allowed
-/// one, so a causal prefill skips the masked upper triangle and holds one block's scores per thread.
+/// columns are used (the whole cache is passed as is), `spans` the `[lo, hi)` key columns of each of the
+/// `batch * len` queries (row-major); returns `[batch, heads, len, d]`.
+/// Each block of [`QUERY_BLOCK`] query rows multiplies only the keys of its rows' spans, so a causal
+/// prefill skips the masked upper triangle and holds one block's scores per thread.
 pub(crate) fn cached_attention(
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
     v: ArrayView4<'_, f32>,
-    bias: &[f32],
+    spans: &[[u32; 2]],
     keys: usize,
     scale: f32,
 ) -> Array4<f32> {
     let (batch, heads, len, d) = q.dim();
     let kv_heads = k.dim().1;
     let groups = heads / kv_heads;
-    let threshold = crate::model::MASKED / 2.0;
     let blocks = len.div_ceil(QUERY_BLOCK);
-    // A row with no allowed key keeps every key.
     let key_ranges: Vec<(usize, usize)> = (0..batch * blocks)
         .map(|i| {
             let (b, block) = (i / blocks, i % blocks);
-            let (mut lo, mut hi) = (keys, 0);
-            for t in block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(len) {
-                let mask = &bias[(b * len + t) * keys..(b * len + t + 1) * keys];
-                let allowed = |m: &f32| *m > threshold;
-                match (mask.iter().position(allowed), mask.iter().rposition(allowed)) {
-                    (Some(first), Some(last)) => {
-                        lo = lo.min(first);
-                        hi = hi.max(last + 1);
-                    }
-                    _ => return (0, keys),
-                }
-            }
-            (lo, hi)
+            let rows = b * len + block * QUERY_BLOCK..b * len + ((block + 1) * QUERY_BLOCK).min(len);
+            spans[rows].iter().fold((keys, 0), |(lo, hi), s| {
+                (lo.min(s[0] as usize), hi.max(s[1] as usize))
+            })
         })
         .collect();
     let mut out = vec![0.0f32; batch * heads * len * d];
@@ -892,8 +882,7 @@ pub(crate) fn cached_attention(
                 false,
                 false,
             );
-            let first = (b * len + t0) * keys + lo;
-            softmax_rows(scores, width, &bias[first..], keys, threshold);
+            softmax_rows(scores, width, &spans[b * len + t0..b * len + t1], lo);
             let probs = ArrayView2::from_shape((rows, width), &*scores).expect("sized as rows x width");
             let dst =
                 ArrayViewMut2::from_shape((rows, d), &mut out_h[t0 * d..t1 * d]).expect("sized as rows x d");
@@ -909,51 +898,43 @@ pub(crate) fn cached_attention(
 }
 
 simd_fn! {
-    /// [`softmax_row`] on each `width`-long row of `scores`; row `r`'s mask starts at `mask[r * stride]`.
-    fn softmax_rows(scores: &mut [f32], width: usize, mask: &[f32], stride: usize, threshold: f32) {
-        for (r, row) in scores.chunks_mut(width).enumerate() {
-            softmax_row(row, &mask[r * stride..r * stride + width], threshold);
+    /// [`softmax_span`] on each `width`-long row of `scores`, whose first column is key `first`; row `r`
+    /// attends to the keys `spans[r]`.
+    fn softmax_rows(scores: &mut [f32], width: usize, spans: &[[u32; 2]], first: usize) {
+        for (row, span) in scores.chunks_mut(width).zip(spans) {
+            softmax_span(row, span[0] as usize - first, span[1] as usize - first);
         }
     }
 }
 
-/// In place: `row = softmax(row)` over the keys `mask` allows (above `threshold`); masked keys get 0.
+/// In place: `row[lo..hi] = softmax(row[lo..hi])`, and 0 outside the span (a non-empty one).
 #[inline(always)]
-fn softmax_row(row: &mut [f32], mask: &[f32], threshold: f32) {
-    // The largest allowed score, with sixteen independent lanes and no branch, so the loop vectorises.
+fn softmax_span(row: &mut [f32], lo: usize, hi: usize) {
+    let (before, rest) = row.split_at_mut(lo);
+    let (span, after) = rest.split_at_mut(hi - lo);
+    before.fill(0.0);
+    after.fill(0.0);
+    // The largest score, with sixteen independent lanes and no branch, so the loop vectorises.
     let mut lanes = [f32::NEG_INFINITY; 16];
-    let (rows, masks) = (row.chunks_exact(16), mask.chunks_exact(16));
+    let chunks = span.chunks_exact(16);
     let mut max = f32::NEG_INFINITY;
-    for (x, m) in rows.remainder().iter().zip(masks.remainder()) {
-        if *m > threshold && *x > max {
-            max = *x;
-        }
+    for x in chunks.remainder() {
+        max = if *x > max { *x } else { max };
     }
-    for (xs, ms) in rows.zip(masks) {
-        for ((lane, x), m) in lanes.iter_mut().zip(xs).zip(ms) {
-            let v = if *m > threshold { *x } else { f32::NEG_INFINITY };
-            *lane = if v > *lane { v } else { *lane };
+    for xs in chunks {
+        for (lane, x) in lanes.iter_mut().zip(xs) {
+            *lane = if *x > *lane { *x } else { *lane };
         }
     }
     for lane in lanes {
-        if lane > max {
-            max = lane;
-        }
+        max = if lane > max { lane } else { max };
     }
-    if max == f32::NEG_INFINITY {
-        // Every key masked (a padding row): attend uniformly, as an additive bias would.
-        let uniform = 1.0 / row.len() as f32;
-        row.fill(uniform);
-        return;
+    // `fast_exp` is within about 1 ulp of `exp`.
+    for x in span.iter_mut() {
+        *x = fast_exp(*x - max);
     }
-    // Branch-free, so the loop vectorises; `fast_exp` is within about 1 ulp of `exp`.
-    for (x, m) in row.iter_mut().zip(mask) {
-        let e = fast_exp(*x - max);
-        *x = if *m > threshold { e } else { 0.0 };
-    }
-    let sum = sum8(row);
-    let inv = 1.0 / sum;
-    for x in row.iter_mut() {
+    let inv = 1.0 / sum8(span);
+    for x in span.iter_mut() {
         *x *= inv;
     }
 }

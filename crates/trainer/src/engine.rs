@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
-use crate::model::{AttnInput, CausalLm, KvCache, LayerKv, MASKED};
+use crate::model::{AttnInput, CausalLm, KvCache, LayerKv};
 use crate::policy::{FinishReason, GenerationEvent, GenerationRequest, Logits};
 use crate::rope::RopeTable;
 use crate::sampling::{SplitMix64, sample};
@@ -438,15 +438,16 @@ impl<B: Kernels> GenerationLoop<B> {
         };
         let b = self.seqs.len();
         let keys = cache.len + 1;
-        let mut bias = vec![MASKED; b * keys];
+        let mut spans = Vec::with_capacity(b);
         let mut positions = Vec::with_capacity(b);
         let mut ids = Vec::with_capacity(b);
-        for (row, s) in self.seqs.iter().enumerate() {
-            bias[row * keys + s.start_col..(row + 1) * keys].fill(0.0);
+        for s in &self.seqs {
+            // A row sees its own columns: from its first to the one this step writes.
+            spans.push([s.start_col as u32, keys as u32]);
             positions.push(s.position);
             ids.push(i64::from(s.next_token()));
         }
-        let input = AttnInput::new(&self.rope, &positions, bias, [b, 1, keys], &self.device);
+        let input = AttnInput::new(&self.rope, &positions, spans, [b, 1, keys], &self.device);
         let ids = Tensor::from_data(TensorData::new(ids, [b, 1]), &self.device);
         let hidden = self.model.forward_hidden(ids, &input, Some(cache));
         let logits = B::to_host(self.model.logits(hidden));

@@ -18,18 +18,15 @@ pub(crate) mod cpu;
 mod tests;
 
 use std::ops::Range;
+use std::sync::Arc;
 
-#[cfg(test)]
-use burn::tensor::Int;
 #[cfg(test)]
 use burn::tensor::activation::log_softmax;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Element, FloatDType, Tensor, TensorData};
+use burn::tensor::{DType, Element, FloatDType, Int, Tensor, TensorData};
 
-#[cfg(test)]
-use crate::model::MASKED;
-use crate::model::{CausalLm, DecoderLayer};
+use crate::model::{CausalLm, DecoderLayer, MASKED};
 use crate::train::chunked;
 use crate::train::pack::SegmentRun;
 
@@ -111,6 +108,41 @@ impl<B: Backend> RopeRows<B> {
     }
 }
 
+/// The key columns each query of a `[batch, len]` pass attends to: query `t` of row `b` sees the columns
+/// `lo..hi` of `keys`, one contiguous span (a row's own columns up to the query's, or a padding query's
+/// own column alone). Held on the host for the CPU kernels and as `[batch, 1, 1, len, 1]` integer tensors
+/// for the generic ones, so no `len x keys` mask exists outside one block of scores.
+#[derive(Clone, Debug)]
+pub(crate) struct KeySpans<B: Backend> {
+    /// `[lo, hi)` of each query, `batch * len` of them in row-major order.
+    pub(crate) host: Arc<[[u32; 2]]>,
+    pub(crate) lo: Tensor<B, 5, Int>,
+    pub(crate) hi: Tensor<B, 5, Int>,
+    /// The key columns the pass reads: the cached ones before it, then its own.
+    pub(crate) keys: usize,
+}
+
+impl<B: Backend> KeySpans<B> {
+    /// Spans of `batch * len` queries over `keys` columns, each non-empty and within them.
+    pub(crate) fn new(spans: Vec<[u32; 2]>, [batch, len, keys]: [usize; 3], device: &B::Device) -> Self {
+        debug_assert_eq!(spans.len(), batch * len, "one span per query");
+        debug_assert!(
+            spans.iter().all(|&[lo, hi]| lo < hi && hi as usize <= keys),
+            "spans are non-empty and within the keys"
+        );
+        let ends = |i: usize| -> Tensor<B, 5, Int> {
+            let data: Vec<i64> = spans.iter().map(|s| i64::from(s[i])).collect();
+            Tensor::from_data(TensorData::new(data, [batch, 1, 1, len, 1]), device)
+        };
+        Self {
+            lo: ends(0),
+            hi: ends(1),
+            host: spans.into(),
+            keys,
+        }
+    }
+}
+
 /// The backend-specific operations of training and generation on one backend.
 pub(crate) trait Kernels: Backend {
     /// Whether [`Kernels::decoder_layer`] honours [`Pass::recompute`].
@@ -172,16 +204,16 @@ pub(crate) trait Kernels: Backend {
     }
 
     /// Attention over key/value cache columns: `q` `[batch, heads, len, d]` (after RoPE), `k` and `v`
-    /// `[batch, kv_heads, columns, d]` of which the first `keys` are used, `bias` `[batch, 1, 1, len, keys]`
-    /// (0 where attention is allowed, [`crate::model::MASKED`] elsewhere); returns `[batch, heads, len, d]`.
+    /// `[batch, kv_heads, columns, d]` of which the first `spans.keys` are used, each query attending to
+    /// its span of them ([`KeySpans`]); returns `[batch, heads, len, d]`.
     fn cached_attention(
         q: Tensor<Self, 4>,
         k: Tensor<Self, 4>,
         v: Tensor<Self, 4>,
-        bias: &Tensor<Self, 5>,
+        spans: &KeySpans<Self>,
         scale: f64,
     ) -> Tensor<Self, 4> {
-        burn_cached_attention(q, k, v, bias, scale)
+        burn_cached_attention(q, k, v, spans, scale)
     }
 
     /// The output projection of hidden states `h` `[N, hidden]` with `w` `[vocab, hidden]`, row `i`
@@ -267,27 +299,29 @@ pub(crate) fn burn_cached_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    bias: &Tensor<B, 5>,
+    spans: &KeySpans<B>,
     scale: f64,
 ) -> Tensor<B, 4> {
     let [batch, heads, len, _] = q.dims();
-    let rows = cached_query_rows(batch, heads, len, bias.dims()[4]);
-    burn_cached_attention_in_blocks(q, k, v, bias, scale, rows)
+    let rows = cached_query_rows(batch, heads, len, spans.keys);
+    burn_cached_attention_in_blocks(q, k, v, spans, scale, rows)
 }
 
 /// [`burn_cached_attention`] in blocks of `rows` query rows: only one block's `[batch, heads, rows, keys]`
-/// scores exist at a time, so memory grows linearly with the keys, not with `len x keys`.
+/// scores, and its `[batch, rows, keys]` mask built from the spans, exist at a time, so memory grows
+/// linearly with the keys, not with `len x keys`.
 pub(crate) fn burn_cached_attention_in_blocks<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    bias: &Tensor<B, 5>,
+    spans: &KeySpans<B>,
     scale: f64,
     rows: usize,
 ) -> Tensor<B, 4> {
     let [batch, nh, len, d] = q.dims();
     let nkv = k.dims()[1];
-    let keys = bias.dims()[4];
+    let keys = spans.keys;
+    let device = q.device();
     let groups = nh / nkv;
     let (k, v) = if k.dims()[2] == keys {
         (k, v)
@@ -298,16 +332,27 @@ pub(crate) fn burn_cached_attention_in_blocks<B: Backend>(
     let kt = k.swap_dims(2, 3);
     // Queries of one key/value head are contiguous, so grouped-query attention is a reshape, not a repeat.
     let q = q.reshape([batch, nkv, groups, len, d]);
+    let columns = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, 1, 1, 1, keys]);
     let block = |t0: usize, t1: usize| {
         let n = t1 - t0;
-        let (qb, mask) = if n == len {
-            (q.clone(), bias.clone())
+        let (qb, lo, hi) = if n == len {
+            (q.clone(), spans.lo.clone(), spans.hi.clone())
         } else {
+            let queries = [0..batch, 0..1, 0..1, t0..t1, 0..1];
             (
                 q.clone().slice([0..batch, 0..nkv, 0..groups, t0..t1, 0..d]),
-                bias.clone().slice([0..batch, 0..1, 0..1, t0..t1, 0..keys]),
+                spans.lo.clone().slice(queries.clone()),
+                spans.hi.clone().slice(queries),
             )
         };
+        // The block's additive mask: 0 inside each query's span, MASKED outside.
+        let shape = [batch, 1, 1, n, keys];
+        let cols = columns.clone().expand(shape);
+        let outside = cols
+            .clone()
+            .lower(lo.expand(shape))
+            .bool_or(cols.greater_equal(hi.expand(shape)));
+        let mask = outside.float().cast(float_dtype::<B>()) * f64::from(MASKED);
         let scores = qb.reshape([batch, nkv, groups * n, d]).matmul(kt.clone()) * scale;
         let scores = scores.reshape([batch, nkv, groups, n, keys]) + mask;
         softmax(scores, 4)

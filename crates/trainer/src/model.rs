@@ -21,14 +21,14 @@ use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 
 use crate::backend::InferenceDtype;
 use crate::config::ModelConfig;
-use crate::kernels::{Kernels, Pass, RopeRows, host_tensor};
+use crate::kernels::{Kernels, KeySpans, Pass, RopeRows};
 use crate::rope::RopeTable;
 use crate::train::pack::SegmentRun;
 
 #[cfg(test)]
 mod tests;
 
-/// Additive attention bias for masked positions: finite, so fully masked (padding) rows stay finite.
+/// Additive attention bias for masked positions: finite, so a masked score stays finite.
 pub const MASKED: f32 = -1.0e30;
 
 /// A projection `y = x W^T + b` with `W` stored as `[out, in]`, like `torch.nn.Linear`.
@@ -131,57 +131,50 @@ pub struct CausalLm<B: Backend> {
 
 /// Where each query sits and what it may attend to, for one forward pass of `[batch, len]` tokens.
 ///
-/// `rope` holds the rotary tables of the `batch * len` queries; `bias` is `[batch, 1, 1, len, keys]`, 0
-/// where attention is allowed and [`MASKED`] elsewhere, where `keys` counts the cached columns before this
-/// pass plus `len`.
+/// `rope` holds the rotary tables of the `batch * len` queries, and `spans` the key columns each one
+/// attends to, a contiguous span `lo..hi` of `keys`, which counts the cached columns before this pass plus
+/// `len`: what a pass holds grows with `batch * len`, never with `len * keys`.
 #[derive(Clone, Debug)]
 pub struct AttnInput<B: Backend> {
     pub(crate) rope: RopeRows<B>,
-    pub(crate) bias: Tensor<B, 5>,
+    pub(crate) spans: KeySpans<B>,
 }
 
 impl<B: Backend> AttnInput<B> {
-    /// Builds the tensors from host data: `positions` is `[batch * len]` (row-major), `bias` is
-    /// `[batch * len * keys]`.
+    /// Builds the tensors from host data: `positions` is `[batch * len]` (row-major), and `spans` the
+    /// `[lo, hi)` key columns of each query in the same order (non-empty, within `keys`).
     pub fn new(
         rope: &RopeTable,
         positions: &[usize],
-        bias: Vec<f32>,
+        spans: Vec<[u32; 2]>,
         [batch, len, keys]: [usize; 3],
         device: &B::Device,
     ) -> Self {
         let (cos, sin) = rope.cos_sin(positions);
         Self {
             rope: RopeRows::new(cos, sin, batch * len, rope.head_dim(), device),
-            bias: host_tensor(bias, [batch, 1, 1, len, keys], device),
+            spans: KeySpans::new(spans, [batch, len, keys], device),
         }
     }
 
     /// A causal pass over padded rows without a cache: row `b` holds `lengths[b]` real tokens, placed at the
     /// start (right padding) or at the end (left padding) of `len` columns.
-    /// Real tokens get positions `0..lengths[b]`; padding attends only to itself-like junk that no real
-    /// token sees.
+    /// Real tokens get positions `0..lengths[b]` and attend causally to their row's real tokens; a padding
+    /// query attends to itself alone, junk that no real token sees.
     pub fn padded(rope: &RopeTable, lengths: &[usize], len: usize, left: bool, device: &B::Device) -> Self {
         let batch = lengths.len();
         let mut positions = Vec::with_capacity(batch * len);
-        let mut bias = vec![MASKED; batch * len * len];
-        for (b, &n) in lengths.iter().enumerate() {
+        let mut spans = Vec::with_capacity(batch * len);
+        for &n in lengths {
             let start = if left { len - n } else { 0 };
             for t in 0..len {
                 positions.push(t.saturating_sub(start));
-                let row = &mut bias[(b * len + t) * len..(b * len + t + 1) * len];
-                for (k, slot) in row.iter_mut().enumerate().take(t + 1) {
-                    if k >= start && k < start + n {
-                        *slot = 0.0;
-                    }
-                }
-                if t < start || t >= start + n {
-                    // A padding query attends to itself so its softmax is well defined.
-                    row[t] = 0.0;
-                }
+                let real = (start..start + n).contains(&t);
+                let lo = if real { start } else { t };
+                spans.push([lo as u32, t as u32 + 1]);
             }
         }
-        Self::new(rope, &positions, bias, [batch, len, len], device)
+        Self::new(rope, &positions, spans, [batch, len, len], device)
     }
 }
 
@@ -234,12 +227,12 @@ pub(crate) enum Keys<'a, B: Backend> {
     /// A packed training row: sequences end to end (`runs`), each token attending causally within its own
     /// sequence, queries in blocks of `block` rows.
     Packed { runs: &'a [SegmentRun], block: usize },
-    /// Generation: `batch` rows of equal length attending to cache columns as `bias` allows
-    /// ([`AttnInput::bias`]); with `kv` = (the layer's cache, `col`), this pass's keys and values are first
-    /// written at columns `col..`, and without it the pass's own keys are all the keys.
+    /// Generation: `batch` rows of equal length attending to the cache columns their `spans` name; with
+    /// `kv` = (the layer's cache, `col`), this pass's keys and values are first written at columns `col..`,
+    /// and without it the pass's own keys are all the keys.
     Cached {
         batch: usize,
-        bias: &'a Tensor<B, 5>,
+        spans: &'a KeySpans<B>,
         kv: Option<(&'a mut LayerKv<B>, usize)>,
     },
 }
@@ -266,7 +259,7 @@ impl<B: Kernels> Attention<B> {
         let scale = 1.0 / (d as f64).sqrt();
         let out = match keys {
             Keys::Packed { runs, block } => B::packed_attention(q, k, v, runs, scale, autocast, block),
-            Keys::Cached { batch, bias, kv } => {
+            Keys::Cached { batch, spans, kv } => {
                 let len = rows / batch;
                 // `[batch, heads, len, d]`: moving the heads forward is a stride change that the attention
                 // kernels read as is.
@@ -287,8 +280,8 @@ impl<B: Kernels> Attention<B> {
                     }
                     None => (k, v),
                 };
-                // The kernels read the cache's first `keys` columns (the bias's width) in place.
-                B::cached_attention(q, k, v, bias, scale)
+                // The kernels read the cache's first `spans.keys` columns in place.
+                B::cached_attention(q, k, v, spans, scale)
                     .swap_dims(1, 2)
                     .reshape([rows, nh * d])
             }
@@ -371,7 +364,8 @@ impl<B: Kernels> CausalLm<B> {
     /// Final hidden states `[batch, len, hidden]` for `tokens` `[batch, len]`.
     ///
     /// With a cache, this pass's keys and values are written at columns `cache.len..cache.len + len` (the
-    /// cache must have room) and `cache.len` advances; `input.bias` then covers all `cache.len + len` columns.
+    /// cache must have room) and `cache.len` advances; `input`'s spans then index all `cache.len + len`
+    /// columns.
     pub fn forward_hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
@@ -385,7 +379,7 @@ impl<B: Kernels> CausalLm<B> {
         for (i, layer) in self.model.layers.iter().enumerate() {
             let keys = Keys::Cached {
                 batch,
-                bias: &input.bias,
+                spans: &input.spans,
                 kv: cache.as_deref_mut().map(|c| (&mut c.layers[i], col)),
             };
             x = layer.forward(x, &input.rope, keys, false);

@@ -32,7 +32,7 @@ use ndarray::{Ix1, Ix2, Ix3, Ix4};
 
 use crate::backend::{Cpu, CpuAutodiff};
 use crate::cpu_math as math;
-use crate::kernels::{Kernels, Pass, RopeRows};
+use crate::kernels::{Kernels, KeySpans, Pass, RopeRows};
 use crate::model::{CausalLm, DecoderLayer};
 use crate::train::pack::SegmentRun;
 use math::{AttnSaved, LogitsSaved};
@@ -162,25 +162,16 @@ impl Kernels for Cpu {
         q: Tensor<Self, 4>,
         k: Tensor<Self, 4>,
         v: Tensor<Self, 4>,
-        bias: &Tensor<Self, 5>,
+        spans: &KeySpans<Self>,
         scale: f64,
     ) -> Tensor<Self, 4> {
-        let keys = bias.dims()[4];
         let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
-        let bias = bias.clone().into_primitive().tensor();
-        let NdArrayTensor::F32(b) = &bias else {
-            panic!("the CPU kernels run in f32")
-        };
-        let b = b.view();
-        let b = b
-            .as_slice()
-            .expect("the attention bias is built contiguous from host data");
         let out = math::cached_attention(
             view::<Ix4>(&q),
             view::<Ix4>(&k),
             view::<Ix4>(&v),
-            b,
-            keys,
+            &spans.host,
+            spans.keys,
             scale as f32,
         );
         tensor(primitive(out))

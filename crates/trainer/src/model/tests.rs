@@ -54,7 +54,7 @@ fn cached_decoding_equals_the_full_pass() {
         let mut got = model.logits(h).into_data().into_vec::<f32>().expect("f32");
         for (t, &tok) in seq.iter().enumerate().skip(3) {
             let keys = t + 1;
-            let input = AttnInput::new(&rope, &[t], vec![0.0; keys], [1, 1, keys], &device);
+            let input = AttnInput::new(&rope, &[t], vec![[0, keys as u32]], [1, 1, keys], &device);
             let ids = Tensor::from_data(TensorData::new(vec![tok], [1, 1]), &device);
             let h = model.forward_hidden(ids, &input, Some(&mut cache));
             got.extend(model.logits(h).into_data().into_vec::<f32>().expect("f32"));
@@ -135,9 +135,8 @@ fn prefill_and_decode<B: Kernels>(model: &CausalLm<B>, config: &ModelConfig, rop
     for step in 0..3 {
         let keys = width + step + 1;
         // The second row's first real column is 3.
-        let mut bias = vec![0.0; 2 * keys];
-        bias[keys..keys + 3].fill(MASKED);
-        let input = AttnInput::new(rope, &[5 + step, 2 + step], bias, [2, 1, keys], &device);
+        let spans = vec![[0, keys as u32], [3, keys as u32]];
+        let input = AttnInput::new(rope, &[5 + step, 2 + step], spans, [2, 1, keys], &device);
         let next = vec![7 + step as i64, 11];
         let ids = Tensor::from_data(TensorData::new(next, [2, 1]), &device);
         out.extend(B::to_host(model.logits(model.forward_hidden(

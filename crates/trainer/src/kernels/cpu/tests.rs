@@ -117,25 +117,38 @@ fn attention_case(len: usize, keys: usize) {
     let v_cache = random([batch, kv_heads, keys + 5, d], &mut rng);
     let used = [0..batch, 0..kv_heads, 0..keys, 0..d];
     let (k, v) = (k_cache.clone().slice(used.clone()), v_cache.clone().slice(used));
-    let masked = crate::model::MASKED;
-    let bias: Vec<f32> = (0..batch * len * keys)
-        .map(|i| {
-            let (row, key) = (i / keys, i % keys);
-            // Row 1 is fully masked; the others see the keys up to their own (causal) but every third.
-            let causal_limit = row % len + keys - len;
-            if row == 1 || key > causal_limit || (row + key) % 3 == 0 {
-                masked
+    // Query 1 sees its own column alone (a padding query's span); the others see the keys up to their own
+    // (causal) from a first one that varies by row.
+    let spans: Vec<[u32; 2]> = (0..batch * len)
+        .map(|row| {
+            let causal_end = row % len + keys - len + 1;
+            let first = if row == 1 {
+                causal_end - 1
             } else {
-                0.0
-            }
+                (row * 7) % causal_end
+            };
+            [first as u32, causal_end as u32]
+        })
+        .collect();
+    let bias: Vec<f32> = spans
+        .iter()
+        .flat_map(|&[lo, hi]| {
+            (0..keys as u32).map(move |k| {
+                if (lo..hi).contains(&k) {
+                    0.0
+                } else {
+                    crate::model::MASKED
+                }
+            })
         })
         .collect();
     let bias = Tensor::<Cpu, 5>::from_data(
         TensorData::new(bias, [batch, 1, 1, len, keys]),
         &Default::default(),
     );
+    let spans = KeySpans::new(spans, [batch, len, keys], &Default::default());
     let scale = 0.35f32;
-    let fast = <Cpu as Kernels>::cached_attention(q.clone(), k_cache, v_cache, &bias, f64::from(scale));
+    let fast = <Cpu as Kernels>::cached_attention(q.clone(), k_cache, v_cache, &spans, f64::from(scale));
     // Reference: repeat the key/value heads and use burn's softmax.
     let groups = heads / kv_heads;
     let expand = |t: Tensor<Cpu, 4>| {
@@ -190,19 +203,10 @@ fn simd_versions_give_bit_identical_results() {
     let q = random([batch, heads, len, d], &mut rng);
     let k = random([batch, kv_heads, keys, d], &mut rng);
     let v = random([batch, kv_heads, keys, d], &mut rng);
-    let bias: Vec<f32> = (0..batch * len * keys)
-        .map(|i| {
-            if (i / keys) % len + 5 < i % keys {
-                crate::model::MASKED
-            } else {
-                0.0
-            }
-        })
+    let spans: Vec<[u32; 2]> = (0..batch * len)
+        .map(|row| [(row % 3) as u32, (row % len + 6) as u32])
         .collect();
-    let bias = Tensor::<Cpu, 5>::from_data(
-        TensorData::new(bias, [batch, 1, 1, len, keys]),
-        &Default::default(),
-    );
+    let spans = KeySpans::new(spans, [batch, len, keys], &Default::default());
     let gate = random([9, 37], &mut rng);
     let up = random([9, 37], &mut rng);
     let norm_w = Tensor::<Cpu, 1>::from_data(
@@ -219,7 +223,7 @@ fn simd_versions_give_bit_identical_results() {
             q.clone(),
             k.clone(),
             v.clone(),
-            &bias,
+            &spans,
             0.3,
         )));
         push(host_f32(<Cpu as Kernels>::swiglu(gate.clone(), up.clone())));
