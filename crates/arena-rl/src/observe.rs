@@ -5,7 +5,8 @@
 //! name over one step (so 0/1 lifecycle flags become rates), and [`MetricsSink`] writes the averages as one
 //! JSONL line and one TensorBoard scalar per name, except the reference's per-row records
 //! (`debug/task/<data_id>/raw_reward`): their names grow with the dataset, so they go to `metrics.jsonl`
-//! only, where the reference's contract wants them, and TensorBoard's tags stay a fixed set.
+//! only, where the reference's contract wants them, and TensorBoard's tags stay a fixed set (the trackers
+//! leave them out too, unless `metrics.trackers_per_row`).
 //! `rollout/reward` is the mean training reward of the step before normalisation.
 
 pub mod curve;
@@ -303,7 +304,7 @@ fn forget_from(dir: &Path, step: u64) -> Result<()> {
 }
 
 /// Whether a metric is a per-row record (`debug/task/<data_id>/...`), one name per dataset row.
-fn per_row(name: &str) -> bool {
+pub(crate) fn per_row(name: &str) -> bool {
     name.strip_prefix(reward_routing::DEBUG_SCOPE)
         .is_some_and(|rest| rest.starts_with("/task/"))
 }

@@ -10,6 +10,10 @@
 //! a tracker never takes a step twice: each tracker keeps its run id and the last step it took in the run's
 //! `trackers/` folder, and a resumed run continues that run and replays from `metrics.jsonl` the steps it
 //! missed. Every tracker gets the run config redacted by stream-config's [`stream_config::redact`].
+//!
+//! The per-row records (`debug/task/<data_id>/...`) stay in `metrics.jsonl` only unless
+//! `metrics.trackers_per_row` is set, as for TensorBoard: one name per dataset row is thousands of one-point
+//! metrics in a tracker's UI, and a tracking server stores every one.
 
 pub mod mlflow;
 pub mod wandb;
@@ -47,6 +51,9 @@ pub struct TrackerSettings {
     pub mlflow: Option<mlflow::Settings>,
     /// The redacted run config every tracker records.
     pub config: Value,
+    /// Whether the per-row records (`debug/task/<data_id>/...`) reach the trackers
+    /// (`metrics.trackers_per_row`); otherwise they stay in `metrics.jsonl` only.
+    pub per_row: bool,
 }
 
 impl TrackerSettings {
@@ -149,6 +156,7 @@ impl TrackerSettings {
             wandb,
             mlflow,
             config,
+            per_row: m.trackers_per_row,
         })
     }
 
@@ -231,6 +239,8 @@ struct Feed {
 /// The running trackers of one run.
 pub struct Trackers {
     feeds: Vec<Feed>,
+    /// Whether per-row records are sent (see [`TrackerSettings::per_row`]).
+    per_row: bool,
 }
 
 /// How long [`Trackers::finish`] waits for each tracker to send what it holds.
@@ -276,7 +286,10 @@ impl Trackers {
                 task,
             });
         }
-        let trackers = Self { feeds };
+        let trackers = Self {
+            feeds,
+            per_row: settings.per_row,
+        };
         if let Some(resume_at) = resume_at {
             trackers.replay(&metrics_dir.join("metrics.jsonl"), resume_at);
         }
@@ -307,15 +320,21 @@ impl Trackers {
         }
     }
 
-    /// Queues one step for every tracker that has not taken it; never waits.
+    /// Queues one step for every tracker that has not taken it, without its per-row records unless
+    /// [`TrackerSettings::per_row`]; never waits.
     pub fn step(&self, step: u64, metrics: &[(String, f64)]) {
+        let sent: Vec<(String, f64)> = metrics
+            .iter()
+            .filter(|(name, _)| self.per_row || !super::per_row(name))
+            .cloned()
+            .collect();
         for feed in &self.feeds {
             if feed.last.is_some_and(|last| step <= last) {
                 continue;
             }
             let msg = Msg::Step {
                 step,
-                metrics: metrics.to_vec(),
+                metrics: sent.clone(),
             };
             if feed.tx.try_send(msg).is_err() && feed.overflow.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::warn!(

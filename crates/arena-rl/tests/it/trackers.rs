@@ -233,6 +233,8 @@ async fn mlflow_and_wandb_get_every_step_the_config_and_no_secret_across_a_kill_
         ..RunConfig::default()
     };
     config.metrics.trackers = vec![Tracker::Wandb, Tracker::Mlflow];
+    // Every metric, the per-row record (`debug/task/row#1/...`, whose `#` MLflow refuses) included.
+    config.metrics.trackers_per_row = true;
     config.metrics.wandb.mode = Some(WandbMode::Offline);
     config.metrics.wandb.tags = vec!["arena".into()];
     config.metrics.mlflow.tracking_uri = uri.clone();
@@ -590,7 +592,9 @@ async fn a_dead_sidecar_and_an_unreachable_mlflow_cost_the_run_nothing_and_are_c
 }
 
 /// `train`, the entrypoint, feeds W&B: the real loop against arena-sim, the sidecar in offline mode, every
-/// step of `metrics.jsonl` in the offline run file, the saved config's values as the W&B config.
+/// step of `metrics.jsonl` in the offline run file with every metric but the per-row records
+/// (`debug/task/<data_id>/...`, left out by default as for TensorBoard), the saved config's values as the W&B
+/// config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn train_feeds_wandb_every_step_it_writes_to_metrics_jsonl() {
     let Some(python) = std::env::var_os("ARENA_RL_PY_TRACKERS").map(PathBuf::from) else {
@@ -640,14 +644,26 @@ async fn train_feeds_wandb_every_step_it_writes_to_metrics_jsonl() {
     let wb = python_out(&python, WANDB_READER, &[wandb_dir.to_str().unwrap()]);
     let rows = wb["history"].as_array().expect("history");
     assert_eq!(rows.len(), jsonl.len(), "{wb}");
+    let mut per_row = 0;
     for (row, line) in rows.iter().zip(&jsonl) {
         assert_eq!(row["_step"], line["step"]);
         for (k, v) in line.as_object().unwrap() {
-            if k != "step" {
+            if k.starts_with("debug/task/") {
+                per_row += 1;
+                assert!(
+                    row.get(k).is_none(),
+                    "step {}: the per-row {k} reached W&B",
+                    line["step"]
+                );
+            } else if k != "step" {
                 assert_eq!(row[k].as_f64(), v.as_f64(), "step {} {k}", line["step"]);
             }
         }
     }
+    assert!(
+        per_row > 0,
+        "the run wrote no per-row record to leave out: {jsonl:?}"
+    );
     assert_eq!(wb["config"]["experiment_name"], "quickstart", "{}", wb["config"]);
     assert_eq!(wb["config"]["econfig"]["arena_base_url"], sim.base_url());
     assert_eq!(wb["summary"]["steps_trained"], 2);
@@ -656,7 +672,8 @@ async fn train_feeds_wandb_every_step_it_writes_to_metrics_jsonl() {
 
 /// `arena-rl eval` feeds MLflow: a real evaluation against arena-sim (three manifest tasks, two samples each,
 /// an engine that answers every second one wrong) with `metrics.trackers: [mlflow]`; MLflow's own client reads
-/// back one finished run whose metrics are the evaluation's `metrics.jsonl`, value for value, at step 0, with
+/// back one finished run whose metrics are the evaluation's `metrics.jsonl` but its per-row records (left out
+/// by default), value for value, at step 0, with
 /// `eval.png` among its artifacts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eval_feeds_mlflow_the_figures_of_its_metrics_jsonl() {
@@ -722,9 +739,14 @@ async fn eval_feeds_mlflow_the_figures_of_its_metrics_jsonl() {
         .to_string();
     let ml = python_out(&python, MLFLOW_READER, &[&uri, &run_id]);
     assert_eq!(ml["status"], "FINISHED", "{ml}");
+    // Every figure but the per-row records (`debug/task/<task>/...`), which stay in metrics.jsonl by default.
+    assert!(
+        line.keys().any(|k| k.starts_with("debug/task/")),
+        "no per-row record to leave out: {line:?}"
+    );
     let expected: BTreeMap<String, Vec<(u64, f64)>> = line
         .iter()
-        .filter(|(k, _)| k.as_str() != "step")
+        .filter(|(k, _)| k.as_str() != "step" && !k.starts_with("debug/task/"))
         .map(|(k, v)| (mlflow_key(k), vec![(0, v.as_f64().expect("a number"))]))
         .collect();
     let got: BTreeMap<String, Vec<(u64, f64)>> = ml["history"]

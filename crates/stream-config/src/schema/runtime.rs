@@ -298,6 +298,10 @@ pub struct MetricsSection {
     /// `checkpoint.save_every` steps. False (the default) sends each step as it is written, live; a resumed run
     /// then leaves the values a killed attempt sent for the steps it trains again (never a step twice).
     pub trackers_at_checkpoint: bool,
+    /// Send the per-row records (`debug/task/<data_id>/...`, one name per dataset row) to the trackers too.
+    /// False (the default) keeps them in `metrics.jsonl` only, as for TensorBoard: their names grow with the
+    /// dataset (thousands of one-point metrics in a tracker's UI), and a tracking server stores each one.
+    pub trackers_per_row: bool,
     /// Weights & Biases settings (used when `trackers` lists `wandb`).
     pub wandb: super::trackers::WandbSection,
     /// MLflow settings (used when `trackers` lists `mlflow`).
@@ -314,6 +318,7 @@ impl Default for MetricsSection {
             dir: String::new(),
             trackers: Vec::new(),
             trackers_at_checkpoint: false,
+            trackers_per_row: false,
             wandb: Default::default(),
             mlflow: Default::default(),
         }
