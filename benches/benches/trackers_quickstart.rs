@@ -3,7 +3,7 @@
 //!
 //! Each quickstart is a process of this bench in the `quickstart` role running what `arena-rl quickstart`
 //! runs (`arena_rl::quickstart::run` with the GRPO step: the tiny policy, arena-sim in process, the real
-//! proxy and loop, `examples/configs/quickstart.yaml`'s settings: 8 prompts by 8 samples a step, about 190
+//! proxy and loop, `examples/configs/quickstart.yaml`'s settings: 8 prompts by 8 samples a step, about 180
 //! metrics a step), on a policy warmed up once before the pairs (`--warmup-steps 20`, 64 conversations;
 //! the cache every run then starts from). The tracked runs feed W&B through its official SDK in offline mode
 //! (the sidecar on `ARENA_RL_PY_TRACKERS`'s interpreter, writing under a fresh `WANDB_DIR`) and MLflow over
@@ -27,7 +27,7 @@
 //!
 //! `cargo bench -p benches --bench trackers_quickstart` runs one unmeasured pair and then
 //! `ARENA_RL_TRACKERS_BENCH_PAIRS` pairs (default 5) of `ARENA_RL_TRACKERS_BENCH_STEPS` RL steps (default
-//! 120, a pair about 40 s); `-- --test` runs one pair of 2 steps. The summary is also written to
+//! 120, a pair about 75 s); `-- --test` runs one pair of 2 steps. The summary is also written to
 //! `<target>/criterion/trackers-quickstart-summary.json`. Needs `ARENA_RL_PY_TRACKERS`
 //! (`eval "$(cargo xtask fixtures)"`).
 
