@@ -230,15 +230,23 @@ impl Policy {
         weights.check_against(&config).map_err(Error::WeightMismatch)?;
         options.device.check()?;
         options.dtype.check_on(options.device)?;
-        cache_budget(&config, options.kv_cache_bytes)?;
+        let cache_tokens = cache_budget(&config, options.kv_cache_bytes)?;
         match options.device {
-            DeviceKind::Cpu => {
-                Self::spawn::<crate::backend::Cpu>(config, weights, options, burn_ndarray::NdArrayDevice::Cpu)
-            }
+            DeviceKind::Cpu => Self::spawn::<crate::backend::Cpu>(
+                config,
+                weights,
+                options,
+                cache_tokens,
+                burn_ndarray::NdArrayDevice::Cpu,
+            ),
             #[cfg(feature = "cuda")]
-            DeviceKind::Cuda(i) => {
-                Self::spawn::<crate::backend::Cuda>(config, weights, options, burn_cuda::CudaDevice::new(i))
-            }
+            DeviceKind::Cuda(i) => Self::spawn::<crate::backend::Cuda>(
+                config,
+                weights,
+                options,
+                cache_tokens,
+                burn_cuda::CudaDevice::new(i),
+            ),
             #[cfg(not(feature = "cuda"))]
             DeviceKind::Cuda(_) => Err(Error::Device(
                 options.device.to_string(),
@@ -251,10 +259,10 @@ impl Policy {
         config: ModelConfig,
         weights: &Weights,
         options: PolicyOptions,
+        cache_tokens: usize,
         device: B::Device,
     ) -> Result<Self> {
         let model = CausalLm::<B>::from_weights(&config, weights, &device)?.with_matrices_in(options.dtype);
-        let cache_tokens = cache_budget(&config, options.kv_cache_bytes)?;
         let shared = Arc::new(Shared::default());
         shared.version.store(options.version, Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();
