@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 use serde_json::Value;
-use stream_config::{Env, RunConfig, Secrets, Tracker};
+use stream_config::{Env, RunConfig, Seconds, Secrets, Tracker};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -36,8 +36,12 @@ use crate::error::{Context as _, Result};
 /// What a tracker task receives.
 #[derive(Debug)]
 pub(crate) enum Msg {
-    /// One step's metric means.
-    Step { step: u64, metrics: Vec<(String, f64)> },
+    /// One step's metric means; `replay` when a resumed run sends it from `metrics.jsonl`.
+    Step {
+        step: u64,
+        metrics: Vec<(String, f64)>,
+        replay: bool,
+    },
     /// The end of the run: the reward curve, if drawn, and the run's summary.
     Finish { curve: Option<PathBuf>, summary: Value },
 }
@@ -131,14 +135,13 @@ impl TrackerSettings {
             } else {
                 m.mlflow.run_name.clone()
             },
-            tags: m
-                .mlflow
-                .tags
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            tags: m.mlflow.tags.clone().into_iter().collect(),
             queue: m.mlflow.queue as usize,
             backoff: Duration::from_millis(250),
+            min_interval: m
+                .mlflow
+                .min_interval_seconds
+                .map_or(Duration::ZERO, Seconds::duration),
         });
         // The trackers' own credentials are secrets by value too, wherever they might appear.
         let mut secrets = secrets.clone();
@@ -316,13 +319,17 @@ impl Trackers {
                 .filter(|(k, _)| k.as_str() != "step")
                 .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
                 .collect();
-            self.step(step, &metrics);
+            self.send(step, &metrics, true);
         }
     }
 
     /// Queues one step for every tracker that has not taken it, without its per-row records unless
     /// [`TrackerSettings::per_row`]; never waits.
     pub fn step(&self, step: u64, metrics: &[(String, f64)]) {
+        self.send(step, metrics, false);
+    }
+
+    fn send(&self, step: u64, metrics: &[(String, f64)], replay: bool) {
         let sent: Vec<(String, f64)> = metrics
             .iter()
             .filter(|(name, _)| self.per_row || !super::per_row(name))
@@ -335,6 +342,7 @@ impl Trackers {
             let msg = Msg::Step {
                 step,
                 metrics: sent.clone(),
+                replay,
             };
             if feed.tx.try_send(msg).is_err() && feed.overflow.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::warn!(
@@ -350,29 +358,35 @@ impl Trackers {
     /// `(tracker, steps it did not get)` for each.
     pub async fn finish(mut self, curve: Option<&Path>, summary: &Value) -> Vec<(&'static str, u64)> {
         let mut report = Vec::new();
-        for feed in std::mem::take(&mut self.feeds) {
+        let feeds = std::mem::take(&mut self.feeds);
+        // Every tracker finishes at once (W&B's sidecar and MLflow's last requests overlap), then each is waited
+        // for in turn.
+        let mut finishing = Vec::new();
+        for feed in feeds {
             let msg = Msg::Finish {
                 curve: curve.map(Path::to_path_buf),
                 summary: summary.clone(),
             };
             let _ = tokio::time::timeout(FINISH_WAIT, feed.tx.send(msg)).await;
-            drop(feed.tx);
-            let lost = match tokio::time::timeout(FINISH_WAIT, feed.task).await {
+            finishing.push((feed.name, feed.overflow, feed.task));
+        }
+        for (name, overflow, task) in finishing {
+            let lost = match tokio::time::timeout(FINISH_WAIT, task).await {
                 Ok(Ok(lost)) => lost,
                 _ => {
-                    tracing::warn!(tracker = feed.name, "the tracker did not finish in time");
+                    tracing::warn!(tracker = name, "the tracker did not finish in time");
                     0
                 }
             };
-            let missed = lost + feed.overflow.load(Ordering::Relaxed);
+            let missed = lost + overflow.load(Ordering::Relaxed);
             if missed > 0 {
                 tracing::warn!(
-                    tracker = feed.name,
+                    tracker = name,
                     steps = missed,
                     "steps did not reach the tracker; they are in metrics.jsonl"
                 );
             }
-            report.push((feed.name, missed));
+            report.push((name, missed));
         }
         report
     }

@@ -239,6 +239,8 @@ async fn mlflow_and_wandb_get_every_step_the_config_and_no_secret_across_a_kill_
     config.metrics.wandb.tags = vec!["arena".into()];
     config.metrics.mlflow.tracking_uri = uri.clone();
     config.metrics.mlflow.tags.insert("team".into(), "rl".into());
+    // Every step reaches MLflow (the steps here come faster than the default interval).
+    config.metrics.mlflow.min_interval_seconds = None;
     // A credential interpolated into a config value must reach no tracker.
     config.model.path = format!("/models/{CONFIG_SECRET}/smol");
     let env = Env::from_pairs([
@@ -454,6 +456,7 @@ async fn mlflow_with_basic_auth_in_live_mode_takes_every_step_once_across_kills(
     };
     config.metrics.trackers = vec![Tracker::Mlflow];
     config.metrics.mlflow.tracking_uri = uri.clone();
+    config.metrics.mlflow.min_interval_seconds = None;
     let settings_with = |password: &str| {
         let env = Env::from_pairs([
             ("MLFLOW_TRACKING_USERNAME", "admin"),
@@ -565,6 +568,97 @@ async fn mlflow_with_basic_auth_in_live_mode_takes_every_step_once_across_kills(
             path.display()
         );
     }
+}
+
+/// `metrics.mlflow.min_interval_seconds` against the real server: live steps that come faster than the
+/// interval reach MLflow as each metric's newest value with its own step (the run's last step included), and a
+/// resumed run replays the steps MLflow never got whole before thinning its live steps again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlflow_stores_each_metrics_newest_value_per_interval_and_replays_whole() {
+    let Some(python) = std::env::var_os("ARENA_RL_PY_TRACKERS").map(PathBuf::from) else {
+        eprintln!("skipping: ARENA_RL_PY_TRACKERS is not set: run `cargo xtask test`");
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_server, uri) = mlflow_server(&python, tmp.path()).await;
+    let run_dir = tmp.path().join("run");
+    let metrics_dir = run_dir.join("metrics");
+    let mut config = RunConfig {
+        experiment_name: "exp".into(),
+        trial_name: "thin".into(),
+        ..RunConfig::default()
+    };
+    config.metrics.trackers = vec![Tracker::Mlflow];
+    config.metrics.mlflow.tracking_uri = uri.clone();
+    config.metrics.mlflow.min_interval_seconds = stream_config::Seconds::new(3600.0);
+    let env = Env::default();
+    let settings =
+        TrackerSettings::resolve(&config, &env, &config.secrets(&env), &run_dir).expect("settings");
+    let step = |k: u64| {
+        let mut m = vec![("rollout/reward".to_string(), k as f64 / 10.0)];
+        if k % 4 == 2 {
+            m.push(("eval-rollout/reward".to_string(), 1.0 + k as f64));
+        }
+        m
+    };
+
+    // First process: steps 0..=5 live, one request at the end (the interval is an hour).
+    let trackers = Trackers::start(&settings, &run_dir, &metrics_dir, None).expect("trackers");
+    for k in 0..=5 {
+        trackers.step(k, &step(k));
+    }
+    assert!(
+        trackers
+            .finish(None, &json!({}))
+            .await
+            .iter()
+            .all(|(_, missed)| *missed == 0)
+    );
+    let state_dir = run_dir.join("trackers");
+    assert_eq!(read_state(&state_dir, "mlflow.json")["last_step"], "5");
+    // metrics.jsonl as a killed run leaves it: steps 0..=7 written, 6 and 7 never sent.
+    std::fs::create_dir_all(&metrics_dir).expect("metrics dir");
+    let jsonl: String = (0..=7u64)
+        .map(|k| {
+            let mut line = serde_json::Map::new();
+            line.insert("step".into(), json!(k));
+            for (name, v) in step(k) {
+                line.insert(name, json!(v));
+            }
+            format!("{}\n", Value::Object(line))
+        })
+        .collect();
+    std::fs::write(metrics_dir.join("metrics.jsonl"), jsonl).expect("jsonl");
+
+    // The resumed process (from step 8): 6 and 7 replayed whole, 8 and 9 live and thinned.
+    let trackers = Trackers::start(&settings, &run_dir, &metrics_dir, Some(8)).expect("trackers");
+    for k in 8..=9 {
+        trackers.step(k, &step(k));
+    }
+    trackers.finish(None, &json!({})).await;
+
+    let run_id = read_state(&state_dir, "mlflow.json")["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_string();
+    let ml = python_out(&python, MLFLOW_READER, &[&uri, &run_id]);
+    assert_eq!(ml["status"], "FINISHED", "{ml}");
+    let history = |key: &str| -> Vec<(u64, f64)> {
+        let mut points: Vec<(u64, f64)> = ml["history"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {key} in {ml}"))
+            .iter()
+            .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()))
+            .collect();
+        points.sort_by_key(|p| p.0);
+        points
+    };
+    assert_eq!(
+        history("rollout/reward"),
+        [(5, 0.5), (6, 0.6), (7, 0.7), (9, 0.9)]
+    );
+    // Logged at steps 2 and 6 only: the first process's newest is step 2's, the replay sends step 6's.
+    assert_eq!(history("eval-rollout/reward"), [(2, 3.0), (6, 7.0)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

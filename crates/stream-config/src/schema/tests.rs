@@ -403,6 +403,7 @@ fn every_duration_setting_is_one_error_naming_it_when_out_of_range() {
             "proxy.idle_timeout_seconds",
             "proxy.write_timeout_seconds",
             "rollout.policy_server_ready_timeout_seconds",
+            "metrics.mlflow.min_interval_seconds",
         ]
     );
     for path in &paths {
@@ -825,6 +826,11 @@ fn trackers_load_from_yaml_and_report_every_problem_without_credentials() {
     run.yaml:4:74: metrics.mlflow.queue: must be >= 1, got 0
     run.yaml:4:12: metrics.mlflow.tracking_uri: must not hold a user or password: set MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD
     "#);
+    // null sends MLflow every step (the range of a number is checked with every duration setting's).
+    assert_eq!(
+        yaml_problems("metrics: {mlflow: {min_interval_seconds: null}}", &Env::default()),
+        Vec::<String>::new()
+    );
     let env = Env::from_pairs([("WANDB_MODE", "sometimes")]);
     insta::assert_snapshot!(yaml_problems("metrics: {trackers: [mlflow, wandb]}", &env).join("\n"), @r#"
     run.yaml:1:1: metrics.wandb.mode: is unset and WANDB_MODE is "sometimes"; set metrics.wandb.mode to online or offline

@@ -25,9 +25,10 @@ const MAX_PARAM_VALUE: usize = 6000;
 const MAX_PARAM_KEY: usize = 250;
 /// Attempts per request.
 const ATTEMPTS: u32 = 5;
-/// How long the sink gathers steps into one `log-batch` after the first arrives. The server spends tens of
-/// milliseconds of CPU on a request whatever it holds, so a run whose steps take a fraction of a second sends
-/// one request an interval instead of one a step; a dashboard is at most this much behind the run.
+/// How long the sink gathers steps into one `log-batch` after the first arrives (at least; longer with
+/// `metrics.mlflow.min_interval_seconds`). The server spends tens of milliseconds of CPU on a request whatever
+/// it holds, so a run whose steps take a fraction of a second sends one request an interval instead of one a
+/// step; a dashboard is at most this much behind the run.
 const GATHER: Duration = Duration::from_secs(2);
 
 /// How the run reaches its MLflow server.
@@ -49,6 +50,9 @@ pub struct Settings {
     pub queue: usize,
     /// Base delay of the retry backoff.
     pub backoff: Duration,
+    /// `metrics.mlflow.min_interval_seconds`: at most one value of each metric per interval; zero (null in the
+    /// config) sends every step.
+    pub min_interval: Duration,
 }
 
 impl std::fmt::Debug for Settings {
@@ -58,6 +62,7 @@ impl std::fmt::Debug for Settings {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("experiment", &self.experiment)
             .field("run_name", &self.run_name)
+            .field("min_interval", &self.min_interval)
             .finish_non_exhaustive()
     }
 }
@@ -259,15 +264,11 @@ impl Client {
         Ok(())
     }
 
-    async fn log_metrics(&self, run_id: &str, steps: &[(u64, Vec<(String, f64)>)]) -> Result<(), Failure> {
+    async fn log_metrics(&self, run_id: &str, points: &[(u64, &str, f64)]) -> Result<(), Failure> {
         let now = now_ms();
-        let metrics: Vec<Value> = steps
+        let metrics: Vec<Value> = points
             .iter()
-            .flat_map(|(step, values)| {
-                values.iter().map(
-                    move |(k, v)| json!({"key": mlflow_key(k), "value": v, "timestamp": now, "step": step}),
-                )
-            })
+            .map(|(step, k, v)| json!({"key": mlflow_key(k), "value": v, "timestamp": now, "step": step}))
             .collect();
         for chunk in metrics.chunks(MAX_BATCH_METRICS) {
             self.post(
@@ -346,6 +347,89 @@ fn flatten(v: &Value, prefix: String, out: &mut Vec<(String, String)>) {
     }
 }
 
+/// The steps gathered for one `log-batch` request. Live steps are thinned when `thin`
+/// (`metrics.mlflow.min_interval_seconds` set): each metric keeps its newest value with that value's
+/// step, so a metric a later step leaves out keeps its own. Replayed steps, and every step when not `thin`,
+/// go whole.
+#[derive(Debug, Default)]
+struct Gathered {
+    thin: bool,
+    /// Steps sent whole, in order.
+    whole: Vec<(u64, Vec<(String, f64)>)>,
+    /// Thinned live steps: each metric's newest `(step, value)`.
+    newest: std::collections::BTreeMap<String, (u64, f64)>,
+    /// Points the request will hold.
+    points: usize,
+    /// Steps gathered (whole or thinned).
+    steps: u64,
+    /// The highest step gathered.
+    last: Option<u64>,
+    /// Values a newer step's replaced.
+    replaced: u64,
+}
+
+impl Gathered {
+    fn new(thin: bool) -> Self {
+        Self {
+            thin,
+            ..Self::default()
+        }
+    }
+
+    fn add(&mut self, step: u64, metrics: Vec<(String, f64)>, replay: bool) {
+        self.steps += 1;
+        self.last = Some(self.last.map_or(step, |l| l.max(step)));
+        if !self.thin || replay {
+            self.points += metrics.len();
+            self.whole.push((step, metrics));
+            return;
+        }
+        for (name, value) in metrics {
+            match self.newest.entry(name) {
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert((step, value));
+                    self.points += 1;
+                }
+                std::collections::btree_map::Entry::Occupied(mut e) => {
+                    if e.get().0 <= step {
+                        e.insert((step, value));
+                    }
+                    self.replaced += 1;
+                }
+            }
+        }
+    }
+
+    /// Adds the steps that arrive within `window` (until the request is full); returns what ended it early
+    /// ([`Msg::Finish`]), to be handled next.
+    async fn gather(&mut self, rx: &mut mpsc::Receiver<Msg>, window: Duration) -> Option<Msg> {
+        let deadline = tokio::time::Instant::now() + window;
+        while self.points < MAX_BATCH_METRICS {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(Msg::Step {
+                    step,
+                    metrics,
+                    replay,
+                })) => self.add(step, metrics, replay),
+                Ok(Some(other)) => return Some(other),
+                // The interval is over, or the run is done with the sink.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        None
+    }
+
+    /// Every point of the request: `(step, metric, value)`.
+    fn points(&self) -> Vec<(u64, &str, f64)> {
+        let whole = self
+            .whole
+            .iter()
+            .flat_map(|(step, values)| values.iter().map(move |(k, v)| (*step, k.as_str(), *v)));
+        let newest = self.newest.iter().map(|(k, (step, v))| (*step, k.as_str(), *v));
+        whole.chain(newest).collect()
+    }
+}
+
 /// The background task: opens the run, then logs what arrives until [`Msg::Finish`] or the channel closes.
 pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx: mpsc::Receiver<Msg>) -> u64 {
     let mut lost = 0u64;
@@ -379,6 +463,10 @@ pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx:
         }
     };
     let mut warned = false;
+    let thin = !client.settings.min_interval.is_zero();
+    let window = client.settings.min_interval.max(GATHER);
+    // Values thinned out so far (`metrics.mlflow.min_interval_seconds`); told once when it starts, and at the end.
+    let mut replaced = 0u64;
     let mut pending: Option<Msg> = None;
     loop {
         let msg = match pending.take() {
@@ -389,31 +477,29 @@ pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx:
             },
         };
         match msg {
-            Msg::Step { step, metrics } => {
-                let mut steps = vec![(step, metrics)];
-                let mut count = steps[0].1.len();
-                let deadline = tokio::time::Instant::now() + GATHER;
-                while count < MAX_BATCH_METRICS {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(Msg::Step { step, metrics })) => {
-                            count += metrics.len();
-                            steps.push((step, metrics));
-                        }
-                        Ok(Some(other)) => {
-                            pending = Some(other);
-                            break;
-                        }
-                        // The interval is over, or the run is done with the sink.
-                        Ok(None) | Err(_) => break,
-                    }
+            Msg::Step {
+                step,
+                metrics,
+                replay,
+            } => {
+                let mut gathered = Gathered::new(thin);
+                gathered.add(step, metrics, replay);
+                pending = gathered.gather(&mut rx, window).await;
+                if gathered.replaced > 0 && replaced == 0 {
+                    tracing::info!(
+                        interval_s = client.settings.min_interval.as_secs_f64(),
+                        "MLflow: steps come faster than metrics.mlflow.min_interval_seconds; MLflow gets each \
+                         metric's newest value per interval (the run's last step always), metrics.jsonl, \
+                         TensorBoard and W&B every step (null sends every step to MLflow)"
+                    );
                 }
-                match client.log_metrics(&run_id, &steps).await {
+                replaced += gathered.replaced;
+                match client.log_metrics(&run_id, &gathered.points()).await {
                     Ok(()) => {
-                        let last = steps.iter().map(|(s, _)| *s).max().unwrap_or(0);
-                        state.set("last_step", &last.to_string());
+                        state.set("last_step", &gathered.last.unwrap_or(0).to_string());
                     }
                     Err(f) => {
-                        lost += steps.len() as u64;
+                        lost += gathered.steps;
                         if !warned {
                             warned = true;
                             tracing::warn!(
@@ -429,6 +515,12 @@ pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx:
                 break;
             }
         }
+    }
+    if replaced > 0 {
+        tracing::info!(
+            values = replaced,
+            "MLflow: values thinned by metrics.mlflow.min_interval_seconds (every one is in metrics.jsonl)"
+        );
     }
     lost
 }
@@ -462,5 +554,54 @@ async fn finish(client: &Client, run_id: &str, artifact_uri: &str, curve: Option
         .await;
     if let Err(f) = done {
         tracing::warn!(error = %f.message, "MLflow: the run was not marked finished");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(reward: f64, extra: Option<f64>) -> Vec<(String, f64)> {
+        let mut m = vec![("rollout/reward".to_string(), reward)];
+        if let Some(e) = extra {
+            m.push(("eval-rollout/reward".to_string(), e));
+        }
+        m
+    }
+
+    #[test]
+    fn a_thinned_request_holds_each_metrics_newest_value_with_its_own_step() {
+        let mut g = Gathered::new(true);
+        g.add(1, step(0.1, None), false);
+        g.add(2, step(0.2, Some(0.7)), false);
+        g.add(3, step(0.3, None), false);
+        assert_eq!(
+            g.points(),
+            [(2, "eval-rollout/reward", 0.7), (3, "rollout/reward", 0.3)]
+        );
+        assert_eq!((g.steps, g.last, g.replaced, g.points), (3, Some(3), 2, 2));
+    }
+
+    #[test]
+    fn replayed_steps_and_an_unthinned_sink_send_every_step() {
+        let mut g = Gathered::new(true);
+        g.add(1, step(0.1, None), true);
+        g.add(2, step(0.2, None), true);
+        g.add(3, step(0.3, None), false);
+        g.add(4, step(0.4, None), false);
+        assert_eq!(
+            g.points(),
+            [
+                (1, "rollout/reward", 0.1),
+                (2, "rollout/reward", 0.2),
+                (4, "rollout/reward", 0.4)
+            ]
+        );
+        let mut g = Gathered::new(false);
+        for k in 1..=3 {
+            g.add(k, step(k as f64, Some(0.5)), false);
+        }
+        assert_eq!(g.points().len(), 6);
+        assert_eq!((g.steps, g.last, g.replaced), (3, Some(3), 0));
     }
 }

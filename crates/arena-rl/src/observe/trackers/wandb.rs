@@ -108,7 +108,7 @@ pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx:
     let mut finished = false;
     while let Some(msg) = rx.recv().await {
         match msg {
-            Msg::Step { step, metrics } => {
+            Msg::Step { step, metrics, .. } => {
                 if alive && !matches!(child.try_wait(), Ok(None)) {
                     alive = false;
                     sidecar_died(&log_path);
