@@ -25,8 +25,16 @@
 //! A quickstart step takes a fraction of a second, so the trackers' start and finish (about a second and a
 //! half) and the MLflow server's work per step weigh on it far more than on a run whose steps take minutes.
 //!
+//! Each run starts once the MLflow server's process group is idle (under 5% of a core over a second), so that no
+//! run pays for what the previous one left the server. Each row also gives the CPU time of the run's own
+//! processes (the quickstart, the W&B sidecar and its `wandb-core`, read from this process's reaped children).
+//! `ARENA_RL_TRACKERS_BENCH_TRACKERS` (`wandb,mlflow` by default) picks the trackers of the tracked runs, to
+//! see each one's share; `ARENA_RL_TRACKERS_BENCH_OVERRIDES` adds config overrides to them (space-separated,
+//! for example `metrics.mlflow.min_interval_seconds=null` to send MLflow every step).
+//!
 //! `cargo bench -p benches --bench trackers_quickstart` runs one unmeasured pair and then
-//! `ARENA_RL_TRACKERS_BENCH_PAIRS` pairs (default 5) of `ARENA_RL_TRACKERS_BENCH_STEPS` RL steps (default
+//! `ARENA_RL_TRACKERS_BENCH_PAIRS` pairs (default 6, so that each side goes first as often: the machine's speed drifts
+//! by a few percent from one run to the next) of `ARENA_RL_TRACKERS_BENCH_STEPS` RL steps (default
 //! 120, a pair about 75 s); `-- --test` runs one pair of 2 steps. The summary is also written to
 //! `<target>/criterion/trackers-quickstart-summary.json`. Needs `ARENA_RL_PY_TRACKERS`
 //! (`eval "$(cargo xtask fixtures)"`).
@@ -189,21 +197,44 @@ fn mlflow_server(python: &Path, dir: &Path) -> Result<MlflowServer> {
     }
     // The server's helpers (its job runner and task consumers) go on starting after `/health` answers:
     // wait until the group is idle, so that their start is not counted against a run.
-    let group = server.child.id();
-    let settle = Instant::now() + Duration::from_secs(120);
+    settle(server.child.id(), Duration::from_secs(120));
+    Ok(server)
+}
+
+/// Waits (at most `limit`) until process group `group` spends under 5% of a core over a second: a run starts
+/// only once the server has done what the previous run left it (SQLite's writes, its job runner's start).
+fn settle(group: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
     loop {
         let before = group_cpu_seconds(group);
         std::thread::sleep(Duration::from_secs(1));
-        if group_cpu_seconds(group) - before < 0.05 || Instant::now() > settle {
+        if group_cpu_seconds(group) - before < 0.05 || Instant::now() > deadline {
             break;
         }
     }
-    Ok(server)
+}
+
+/// Seconds of CPU spent so far by this process's reaped children and their reaped descendants (user and
+/// system time): a quickstart, its W&B sidecar and the sidecar's `wandb-core`.
+fn children_cpu_seconds() -> f64 {
+    let Ok(text) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let Some(rest) = text.rfind(')').map(|at| &text[at + 1..]) else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3: cutime is field 16, cstime 17.
+    fields.get(13..15).map_or(f64::NAN, |t| {
+        t.iter().map(|f| f.parse::<u64>().unwrap_or(0)).sum::<u64>() as f64
+    }) / clock_ticks()
 }
 
 /// One quickstart run, measured.
 struct Measured {
     wall: f64,
+    /// CPU seconds of the quickstart process and everything it started (the W&B sidecar included).
+    cpu: f64,
     server_cpu: f64,
     rl_seconds: f64,
     run_dir: PathBuf,
@@ -218,7 +249,9 @@ fn run_quickstart(
     steps: usize,
 ) -> Result<Measured> {
     let group = server.child.id();
+    settle(group, Duration::from_secs(30));
     let cpu_before = group_cpu_seconds(group);
+    let own_before = children_cpu_seconds();
     let started = Instant::now();
     let out = Command::new(std::env::current_exe()?)
         .env(ROLE, "quickstart")
@@ -231,6 +264,7 @@ fn run_quickstart(
         .output()?;
     let wall = started.elapsed().as_secs_f64();
     let server_cpu = group_cpu_seconds(group) - cpu_before;
+    let cpu = children_cpu_seconds() - own_before;
     ensure!(
         out.status.success(),
         "a quickstart failed: {}\n{}",
@@ -250,6 +284,7 @@ fn run_quickstart(
     );
     Ok(Measured {
         wall,
+        cpu,
         server_cpu,
         rl_seconds: report["rl_seconds"].as_f64().unwrap_or(f64::NAN),
         run_dir: PathBuf::from(report["run_dir"].as_str().unwrap_or_default()),
@@ -266,7 +301,7 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-/// Every tracked run as MLflow's client reads it back: `[status, points of rollout/reward]`.
+/// Every tracked run as MLflow's client reads it back: `[status, points of rollout/reward, its last step]`.
 const MLFLOW_READER: &str = r#"
 import json, sys
 from mlflow.tracking import MlflowClient
@@ -274,7 +309,8 @@ client = MlflowClient(sys.argv[1])
 runs = []
 for e in client.search_experiments():
     for r in client.search_runs([e.experiment_id]):
-        runs.append([r.info.status, len(client.get_metric_history(r.info.run_id, "rollout/reward"))])
+        h = client.get_metric_history(r.info.run_id, "rollout/reward")
+        runs.append([r.info.status, len(h), max((m.step for m in h), default=-1)])
 print(json.dumps(runs))
 "#;
 
@@ -293,10 +329,31 @@ fn main() -> Result<()> {
         (1, 2)
     } else {
         (
-            number("ARENA_RL_TRACKERS_BENCH_PAIRS", 5).max(1),
+            number("ARENA_RL_TRACKERS_BENCH_PAIRS", 6).max(1),
             number("ARENA_RL_TRACKERS_BENCH_STEPS", 120).max(1),
         )
     };
+    // Which trackers the tracked runs feed (`ARENA_RL_TRACKERS_BENCH_TRACKERS`, default `wandb,mlflow`), and
+    // further overrides for them (`ARENA_RL_TRACKERS_BENCH_OVERRIDES`, space-separated).
+    let trackers: Vec<String> = std::env::var("ARENA_RL_TRACKERS_BENCH_TRACKERS")
+        .unwrap_or_else(|_| "wandb,mlflow".into())
+        .split(',')
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect();
+    ensure!(
+        !trackers.is_empty() && trackers.iter().all(|t| t == "wandb" || t == "mlflow"),
+        "ARENA_RL_TRACKERS_BENCH_TRACKERS must list wandb, mlflow or both, got {trackers:?}"
+    );
+    let (wandb, mlflow) = (
+        trackers.iter().any(|t| t == "wandb"),
+        trackers.iter().any(|t| t == "mlflow"),
+    );
+    let extra: Vec<String> = std::env::var("ARENA_RL_TRACKERS_BENCH_OVERRIDES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
     let python = std::env::var_os("ARENA_RL_PY_TRACKERS")
         .map(PathBuf::from)
         .context(
@@ -336,11 +393,12 @@ fn main() -> Result<()> {
     plain.push("metrics.trackers=[]".into());
     let mut tracked = base;
     tracked.extend([
-        "metrics.trackers=[wandb,mlflow]".to_string(),
+        format!("metrics.trackers=[{}]", trackers.join(",")),
         "metrics.wandb.mode=offline".into(),
         format!("metrics.wandb.python={}", python.display()),
         format!("metrics.mlflow.tracking_uri={}", server.uri),
     ]);
+    tracked.extend(extra.iter().cloned());
     let mut tracked_runs = 0usize;
     let mut run_tracked = |label: &str| -> Result<Measured> {
         tracked_runs += 1;
@@ -351,20 +409,24 @@ fn main() -> Result<()> {
             &server,
             steps,
         )?;
-        let files = std::fs::read_dir(wandb_dir.join("wandb"))
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("offline-run-"))
-                    .count()
-            })
-            .unwrap_or(0);
+        let files = if !wandb {
+            1
+        } else {
+            std::fs::read_dir(wandb_dir.join("wandb"))
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("offline-run-"))
+                        .count()
+                })
+                .unwrap_or(0)
+        };
         ensure!(
             files == 1,
             "run {label}: {files} W&B offline runs under {}",
             wandb_dir.display()
         );
         ensure!(
-            m.run_dir.join("trackers/mlflow.json").exists(),
+            !mlflow || m.run_dir.join("trackers/mlflow.json").exists(),
             "run {label}: no MLflow run id in {}",
             m.run_dir.display()
         );
@@ -384,11 +446,25 @@ fn main() -> Result<()> {
             .trim()
     );
     println!(
-        "{:>4} {:>7} {:>9} {:>9} {:>12} {:>12} {:>7} {:>8}",
-        "pair", "first", "plain s", "tracked s", "mlflow cpu s", "(idle) cpu s", "ratio", "added ms"
+        "tracked runs feed {} ({})",
+        trackers.join(" and "),
+        extra.join(" ")
+    );
+    println!(
+        "{:>4} {:>7} {:>9} {:>9} {:>12} {:>12} {:>11} {:>11} {:>7} {:>8}",
+        "pair",
+        "first",
+        "plain s",
+        "tracked s",
+        "mlflow cpu s",
+        "(idle) cpu s",
+        "plain cpu s",
+        "tracked cpu",
+        "ratio",
+        "added ms"
     );
     let (mut ratios, mut added, mut cpus, mut wall_ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut caused_ratios = Vec::new();
+    let (mut caused_ratios, mut cpu_added) = (Vec::new(), Vec::new());
     let mut rows = Vec::new();
     for pair in 0..pairs {
         let tracked_first = pair % 2 == 1;
@@ -406,14 +482,17 @@ fn main() -> Result<()> {
         let caused = (t.server_cpu - p.server_cpu / p.wall * t.wall).max(0.0);
         caused_ratios.push((t.wall + caused) / p.wall);
         println!(
-            "{pair:>4} {:>7} {:>9.2} {:>9.2} {:>12.3} {:>12.3} {ratio:>7.4} {:>8.0}",
+            "{pair:>4} {:>7} {:>9.2} {:>9.2} {:>12.3} {:>12.3} {:>11.2} {:>11.2} {ratio:>7.4} {:>8.0}",
             if tracked_first { "tracked" } else { "plain" },
             p.wall,
             t.wall,
             t.server_cpu,
             p.server_cpu,
+            p.cpu,
+            t.cpu,
             (cost - p.wall) * 1e3
         );
+        cpu_added.push(t.cpu - p.cpu);
         ratios.push(ratio);
         added.push((cost - p.wall) * 1e3);
         cpus.push(t.server_cpu * 1e3);
@@ -422,41 +501,54 @@ fn main() -> Result<()> {
             json!({"tracked_first": tracked_first, "plain_wall_s": p.wall, "tracked_wall_s": t.wall,
                          "mlflow_server_cpu_s": t.server_cpu, "plain_rl_s": p.rl_seconds,
                          "tracked_rl_s": t.rl_seconds, "plain_server_cpu_s": p.server_cpu,
+                         "plain_cpu_s": p.cpu, "tracked_cpu_s": t.cpu,
                          "mlflow_server_cpu_caused_s": caused}),
         );
     }
-    let (ratio, added, cpu, wall_ratio, caused_ratio) = (
+    let (ratio, added, cpu, wall_ratio, caused_ratio, client_cpu) = (
         median(&mut ratios),
         median(&mut added),
         median(&mut cpus),
         median(&mut wall_ratios),
         median(&mut caused_ratios),
+        median(&mut cpu_added) * 1e3,
     );
     println!(
         "\ntrackers_quickstart: tracked cost (wall + MLflow server CPU) over plain wall, median of {pairs}: {ratio:.4} \
          (goal <= 1.02); added {added:.0} ms; MLflow server CPU {cpu:.0} ms; wall alone {wall_ratio:.4}; \
-         wall + the server CPU the run caused (less its idle rate) {caused_ratio:.4}"
+         wall + the server CPU the run caused (less its idle rate) {caused_ratio:.4}; the tracked run's own \
+         processes (the quickstart, the W&B sidecar) spent {client_cpu:.0} ms more CPU than the plain run's"
     );
 
-    let out = Command::new(&python)
-        .arg("-c")
-        .arg(MLFLOW_READER)
-        .arg(&server.uri)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "MLflow's client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let runs: Vec<(String, usize)> = serde_json::from_slice(&out.stdout)?;
-    ensure!(
-        runs.len() == tracked_runs
-            && runs
-                .iter()
-                .all(|(status, points)| status == "FINISHED" && *points == steps),
-        "MLflow holds {runs:?} for {tracked_runs} tracked runs of {steps} steps"
-    );
-    println!("MLflow's client reads {tracked_runs} FINISHED runs of {steps} steps each");
+    if mlflow {
+        let out = Command::new(&python)
+            .arg("-c")
+            .arg(MLFLOW_READER)
+            .arg(&server.uri)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "MLflow's client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let runs: Vec<(String, usize, i64)> = serde_json::from_slice(&out.stdout)?;
+        // Every step with `metrics.mlflow.min_interval_seconds: null`, else a point per interval and the last step.
+        ensure!(
+            runs.len() == tracked_runs
+                && runs.iter().all(|(status, points, last)| {
+                    status == "FINISHED" && (1..=steps).contains(points) && *last == steps as i64 - 1
+                }),
+            "MLflow holds {runs:?} (status, points of rollout/reward, last step) for {tracked_runs} tracked runs \
+         of {steps} steps"
+        );
+        let mut points: Vec<f64> = runs.iter().map(|r| r.1 as f64).collect();
+        println!(
+            "MLflow's client reads {tracked_runs} FINISHED runs ending at step {} with a median of {} points of \
+         rollout/reward each",
+            steps - 1,
+            median(&mut points)
+        );
+    }
 
     let mut report = serde_json::Map::new();
     report.insert("pairs".into(), json!(rows));
@@ -466,6 +558,9 @@ fn main() -> Result<()> {
     report.insert("median_mlflow_server_cpu_ms".into(), json!(cpu));
     report.insert("median_wall_ratio".into(), json!(wall_ratio));
     report.insert("median_caused_cost_ratio".into(), json!(caused_ratio));
+    report.insert("median_client_cpu_added_ms".into(), json!(client_cpu));
+    report.insert("trackers".into(), json!(trackers));
+    report.insert("overrides".into(), json!(extra));
     summary::write_summary(report, "trackers-quickstart-summary.json");
     Ok(())
 }
