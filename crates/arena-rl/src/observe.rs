@@ -172,8 +172,9 @@ impl MetricsSink {
             .into_iter()
             .partition(|(s, _)| *s <= step);
         self.pending = later;
+        // Released by a checkpoint, steps arrive many at once however long each took: MLflow gets them whole.
         for (s, means) in ready {
-            trackers.step(s, &means);
+            trackers.send(s, &means, self.trackers_at_checkpoint);
         }
     }
 

@@ -36,11 +36,13 @@ use crate::error::{Context as _, Result};
 /// What a tracker task receives.
 #[derive(Debug)]
 pub(crate) enum Msg {
-    /// One step's metric means; `replay` when a resumed run sends it from `metrics.jsonl`.
+    /// One step's metric means; `whole` when it must not be thinned: a resumed run replays it from
+    /// `metrics.jsonl`, or a checkpoint released it with others at once (`metrics.trackers_at_checkpoint`), so
+    /// its arrival says nothing of how fast the run steps.
     Step {
         step: u64,
         metrics: Vec<(String, f64)>,
-        replay: bool,
+        whole: bool,
     },
     /// The end of the run: the reward curve, if drawn, and the run's summary.
     Finish { curve: Option<PathBuf>, summary: Value },
@@ -329,7 +331,8 @@ impl Trackers {
         self.send(step, metrics, false);
     }
 
-    fn send(&self, step: u64, metrics: &[(String, f64)], replay: bool) {
+    /// [`Trackers::step`], marking the step `whole` (see [`Msg::Step`]) when it arrives with others at once.
+    pub(crate) fn send(&self, step: u64, metrics: &[(String, f64)], whole: bool) {
         let sent: Vec<(String, f64)> = metrics
             .iter()
             .filter(|(name, _)| self.per_row || !super::per_row(name))
@@ -342,7 +345,7 @@ impl Trackers {
             let msg = Msg::Step {
                 step,
                 metrics: sent.clone(),
-                replay,
+                whole,
             };
             if feed.tx.try_send(msg).is_err() && feed.overflow.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::warn!(

@@ -101,7 +101,8 @@ pub struct MlflowSection {
     /// The server stores at most one value of each metric per this many seconds: the steps that arrive within
     /// it go in one request holding each metric's newest value with its step (a metric a step leaves out keeps
     /// its own newest), and the run's last step always goes. A run whose steps take longer loses nothing; null
-    /// sends every step. Steps replayed after a resume go whole. `metrics.jsonl`, TensorBoard and W&B keep every
+    /// sends every step. Steps replayed after a resume, and with `metrics.trackers_at_checkpoint` (they arrive at
+    /// each checkpoint, many at once), go whole. `metrics.jsonl`, TensorBoard and W&B keep every
     /// step either way.
     pub min_interval_seconds: Option<Seconds>,
 }

@@ -349,8 +349,8 @@ fn flatten(v: &Value, prefix: String, out: &mut Vec<(String, String)>) {
 
 /// The steps gathered for one `log-batch` request. Live steps are thinned when `thin`
 /// (`metrics.mlflow.min_interval_seconds` set): each metric keeps its newest value with that value's
-/// step, so a metric a later step leaves out keeps its own. Replayed steps, and every step when not `thin`,
-/// go whole.
+/// step, so a metric a later step leaves out keeps its own. Steps marked whole (replayed, or released by a
+/// checkpoint), and every step when not `thin`, go whole.
 #[derive(Debug, Default)]
 struct Gathered {
     thin: bool,
@@ -376,10 +376,10 @@ impl Gathered {
         }
     }
 
-    fn add(&mut self, step: u64, metrics: Vec<(String, f64)>, replay: bool) {
+    fn add(&mut self, step: u64, metrics: Vec<(String, f64)>, whole: bool) {
         self.steps += 1;
         self.last = Some(self.last.map_or(step, |l| l.max(step)));
-        if !self.thin || replay {
+        if !self.thin || whole {
             self.points += metrics.len();
             self.whole.push((step, metrics));
             return;
@@ -406,11 +406,7 @@ impl Gathered {
         let deadline = tokio::time::Instant::now() + window;
         while self.points < MAX_BATCH_METRICS {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(Msg::Step {
-                    step,
-                    metrics,
-                    replay,
-                })) => self.add(step, metrics, replay),
+                Ok(Some(Msg::Step { step, metrics, whole })) => self.add(step, metrics, whole),
                 Ok(Some(other)) => return Some(other),
                 // The interval is over, or the run is done with the sink.
                 Ok(None) | Err(_) => break,
@@ -477,13 +473,9 @@ pub(super) async fn run(settings: Settings, config: Value, state: State, mut rx:
             },
         };
         match msg {
-            Msg::Step {
-                step,
-                metrics,
-                replay,
-            } => {
+            Msg::Step { step, metrics, whole } => {
                 let mut gathered = Gathered::new(thin);
-                gathered.add(step, metrics, replay);
+                gathered.add(step, metrics, whole);
                 pending = gathered.gather(&mut rx, window).await;
                 if gathered.replaced > 0 && replaced == 0 {
                     tracing::info!(
