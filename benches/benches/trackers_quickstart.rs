@@ -7,8 +7,8 @@
 //! metrics a step), on a policy warmed up once before the pairs (`--warmup-steps 20`, 64 conversations;
 //! the cache every run then starts from). The tracked runs feed W&B through its official SDK in offline mode
 //! (the sidecar on `ARENA_RL_PY_TRACKERS`'s interpreter, writing under a fresh `WANDB_DIR`) and MLflow over
-//! REST to a real `mlflow server` (SQLite backend, its artifact proxy, one worker) that the bench starts once
-//! and keeps for every run.
+//! REST to a real `mlflow server` (SQLite backend, its artifact proxy, one worker, its background job runner
+//! off: that polls whether or not anyone logs) that the bench starts once and keeps for every run.
 //!
 //! A run's cost is its process's wall time, from start to exit (the trackers' start, every step, the
 //! sidecar's and MLflow's finish included); the tracked run's cost also counts the CPU time the MLflow
@@ -174,6 +174,8 @@ fn mlflow_server(python: &Path, dir: &Path) -> Result<MlflowServer> {
         .arg("--artifacts-destination")
         .arg(dir.join("mlartifacts"))
         .args(["--workers", "1"])
+        // Its job runner (MLflow's background jobs, which no tracking uses) polls whether or not anyone logs.
+        .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         .current_dir(dir)
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -15,8 +15,10 @@ The run is resumed by id (`resume="allow"`), so a resumed arena-rl run continues
 When stdin closes without "finish" (arena-rl was killed), the run is finished with exit code 1, which flushes
 what was logged. Either way the process then stops `wandb-core` and exits at once, skipping the interpreter's
 slow teardown of wandb's modules.
-The sidecar runs at a lower priority (nice 10, its `wandb-core` too), so that on a busy node it takes the CPU
-the training leaves.
+The sidecar runs at the idle scheduling priority (Linux's SCHED_IDLE, its `wandb-core` too; nice 19 where that
+is refused), so that it takes only the CPU the training leaves: a training process whose threads work in
+lockstep on every core is not held up by it. On a node whose every core stays busy it runs in the gaps, and
+arena-rl's bounded queue holds what it has not taken yet.
 Credentials come only from the environment (`WANDB_API_KEY`); nothing here prints or stores one.
 """
 
@@ -32,10 +34,20 @@ def write_step(path, step):
     os.replace(tmp, path)
 
 
+def lower_priority():
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(19)
+        except OSError:
+            pass
+
+
 def main():
     step_file = sys.argv[1]
     # A background helper: when the training wants every core, it gets them first (wandb-core inherits this).
-    os.nice(10)
+    lower_priority()
     import wandb
 
     run = None

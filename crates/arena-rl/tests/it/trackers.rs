@@ -195,6 +195,33 @@ async fn wait_for(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// Fields of `/proc/PID/stat` after the command name (which may hold spaces): the first is field 3, the state.
+fn proc_stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// A process's scheduling policy (`/proc/PID/stat` field 41: 0 normal, 5 SCHED_IDLE).
+fn scheduling_policy(pid: u32) -> Option<u32> {
+    proc_stat_fields(pid)?.get(41 - 3)?.parse().ok()
+}
+
+/// The processes whose parent is `pid` (field 4).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            proc_stat_fields(*child)
+                .and_then(|f| f.get(1)?.parse::<u32>().ok())
+                .is_some_and(|parent| parent == pid)
+        })
+        .collect()
+}
+
 fn read_state(dir: &Path, name: &str) -> Value {
     std::fs::read_to_string(dir.join(name))
         .ok()
@@ -275,6 +302,16 @@ async fn mlflow_and_wandb_get_every_step_the_config_and_no_secret_across_a_kill_
         .as_str()
         .expect("the sidecar's pid")
         .to_string();
+    // The sidecar and its wandb-core take only the CPU the training leaves (SCHED_IDLE, policy 5).
+    let sidecar_pid: u32 = sidecar.parse().expect("a pid");
+    let family = std::iter::once(sidecar_pid)
+        .chain(children_of(sidecar_pid))
+        .map(|pid| (pid, scheduling_policy(pid)))
+        .collect::<Vec<_>>();
+    assert!(
+        family.len() >= 2 && family.iter().all(|(_, policy)| *policy == Some(5)),
+        "the sidecar and wandb-core run at SCHED_IDLE: (pid, policy) {family:?}"
+    );
     drop(sink);
     wait_for("the first sidecar to finish its run", || {
         !Path::new(&format!("/proc/{sidecar}")).exists()
